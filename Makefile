@@ -1,0 +1,46 @@
+# Two commands: `make demo` runs the whole pipeline, `make test` runs the tests.
+# Both create .venv from the pinned requirements.lock when it is missing or stale.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+export PYSPARK_PYTHON := $(abspath $(BIN))/python
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
+
+.PHONY: demo test lint format check-java venv clean-data help
+
+help:
+	@echo "make demo   run the whole pipeline (crawl -> clean -> tokenize -> train -> report) through Airflow"
+	@echo "make test   lint, then run the test suite"
+	@echo "make format apply ruff formatting"
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock setup.cfg pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
+	@touch $(STAMP)
+
+check-java:
+	@$(PYTHON) scripts/check_java.py
+
+demo: $(STAMP) check-java
+	$(BIN)/python -m pipeline.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: $(STAMP) check-java lint
+	$(BIN)/python -m pytest
+
+clean-data:
+	rm -rf data .airflow

@@ -1,0 +1,6 @@
+"""Airflow operators for pretrain-pipeline. They launch stages; the data logic lives in ``pipeline``."""
+
+from operators.pytorch_job import PyTorchJobOperator
+from operators.stage import PipelineStageOperator
+
+__all__ = ["PipelineStageOperator", "PyTorchJobOperator"]

@@ -1,0 +1,57 @@
+"""What every pipeline operator shares: which snapshot, which config file, which overrides."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from pipeline.core.config import PipelineConfig, load_config
+from pipeline.core.proc import kill_group
+
+
+class PipelineOperator(BaseOperator):
+    """Base for operators that start a pipeline child process and must not orphan it."""
+
+    template_fields: Sequence[str] = ("snapshot", "config_path", "overrides")
+
+    def __init__(
+        self,
+        *,
+        snapshot: str = "{{ params.snapshot or ds }}",
+        config_path: str | None = "{{ params.config_path }}",
+        overrides: list[str] | str = "{{ params.overrides }}",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.snapshot = snapshot
+        self.config_path = config_path
+        self.overrides = overrides
+        self._process: subprocess.Popen | None = None
+
+    def override_list(self) -> list[str]:
+        """Rendered templates are strings unless the DAG renders native objects; accept both."""
+        if isinstance(self.overrides, str):
+            return list(ast.literal_eval(self.overrides)) if self.overrides.strip() else []
+        return list(self.overrides or [])
+
+    def resolved_config(self, extra_overrides: Sequence[str] = ()) -> PipelineConfig:
+        return load_config(self.config_path or None, [*self.override_list(), *extra_overrides])
+
+    def cli_arguments(self) -> list[str]:
+        args = ["--snapshot", self.snapshot]
+        if self.config_path:
+            args += ["--config", self.config_path]
+        for override in self.override_list():
+            args += ["--set", override]
+        return args
+
+    def remember_process(self, process: subprocess.Popen) -> None:
+        self._process = process
+
+    def on_kill(self) -> None:
+        if self._process is not None:
+            kill_group(self._process)

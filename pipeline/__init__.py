@@ -1,0 +1,1 @@
+"""pretrain-pipeline: raw web pages to a trained language model."""

@@ -1,0 +1,1 @@
+"""Clean stage: extract main text from WARC, normalise, filter and de-duplicate, in Spark."""

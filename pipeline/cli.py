@@ -1,0 +1,66 @@
+"""`pretrain`: one subcommand per stage, plus the demo and config helpers.
+
+Each stage subcommand forwards its arguments to that stage's own entrypoint
+(`python -m pipeline.<package>`), so `pretrain clean --help` shows the stage's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module with main(argv), one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "crawl": (
+        "pipeline.crawl.__main__",
+        "crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
+    ),
+    "clean": ("pipeline.clean.__main__", "Spark: extract main text, normalise, filter, de-duplicate"),
+    "tokenize": (
+        "pipeline.tokenization.__main__",
+        "train a byte-level BPE and encode documents into token shards",
+    ),
+    "train": (
+        "pipeline.train.__main__",
+        "train the model with torchrun (DDP); launches torchrun when run directly",
+    ),
+    "report": (
+        "pipeline.tracking.__main__",
+        "record a trained snapshot in MLflow (params, metrics, artifacts)",
+    ),
+    "config": ("pipeline.core.config_cli", "print the resolved, validated config and its hash"),
+    "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pretrain",
+        description="From raw web pages to a trained language model. Each stage reads the previous stage's "
+        "output under <data_root>/<corpus>/<stage>/<snapshot>/.",
+        epilog="run `pretrain <command> --help` for a command's options",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        parser.parse_args(argv[:1])  # prints the usage error and exits 2
+    module_name, _ = COMMANDS[argv[0]]
+    module = importlib.import_module(module_name)
+    from pipeline.core.cli import run_cli
+
+    return run_cli(module.main, argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Config, storage, manifests, logging and process helpers shared by every stage."""

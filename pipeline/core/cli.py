@@ -1,0 +1,57 @@
+"""Arguments every stage entrypoint shares: config file, overrides, snapshot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pipeline.core.config import ConfigError, PipelineConfig, load_config
+from pipeline.core.storage import MissingInputError, validate_snapshot
+
+
+def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "config precedence: defaults < --config YAML < PRETRAIN__SECTION__KEY env vars < --set\n"
+            "example: %(prog)s --snapshot 2026-11-29 --set project.corpus=web --set spark.master=local[4]"
+        ),
+    )
+    parser.add_argument("--config", "-c", metavar="YAML", help="config file (default: built-in defaults)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. train.steps=100 (repeatable)",
+    )
+    parser.add_argument(
+        "--snapshot",
+        default=None,
+        help="snapshot name; default: today's UTC date (Airflow passes its logical date)",
+    )
+    return parser
+
+
+def default_snapshot() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def resolve(args: argparse.Namespace) -> tuple[PipelineConfig, str]:
+    config = load_config(args.config, args.overrides)
+    snapshot = validate_snapshot(args.snapshot or default_snapshot())
+    return config, snapshot
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
+    try:
+        return main(argv)
+    except (ConfigError, MissingInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,313 @@
+"""One typed config tree for every stage.
+
+Precedence, lowest first: defaults in these models, a YAML file, environment variables
+(``PRETRAIN__TRAIN__STEPS=10``), then CLI overrides (``--set train.steps=10``). The tree is
+validated before any work starts, and every error names the dotted key at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "PRETRAIN__"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or invalid; the message names the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProjectConfig(Section):
+    corpus: str = Field("sample", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    data_root: str = Field(str(PROJECT_ROOT / "data"), description="local folder or fsspec URI")
+    seed: int = 1234
+
+
+class CrawlConfig(Section):
+    seeds: list[str] = Field(
+        default_factory=list, description="start URLs; empty crawls the bundled sample site"
+    )
+    sample_site: bool | None = Field(
+        None, description="serve and crawl the bundled site; default: when no seeds"
+    )
+    max_pages: int = Field(200, gt=0)
+    max_depth: int = Field(3, ge=0)
+    user_agent: str = "pretrain-pipeline/0.1 (+https://github.com/pretrain-pipeline)"
+    download_delay: float = Field(0.0, ge=0)
+    concurrent_requests_per_domain: int = Field(8, gt=0)
+    download_timeout: float = Field(15.0, gt=0)
+    download_maxsize: int = Field(5 * 1024 * 1024, gt=0)
+    allowed_private_hosts: list[str] = Field(
+        default_factory=list, description="IPs/hosts exempt from refusal"
+    )
+
+    @property
+    def use_sample_site(self) -> bool:
+        return self.sample_site if self.sample_site is not None else not self.seeds
+
+
+class SparkConfig(Section):
+    master: str = "local[2]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = Field(8, gt=0)
+    output_files: int = Field(
+        4,
+        gt=0,
+        description="Parquet files per dataset; fixed so output bytes do not depend on input partitioning",
+    )
+    extra_conf: dict[str, str] = Field(default_factory=dict)
+
+
+class CleanConfig(Section):
+    min_chars: int = Field(200, ge=0)
+    max_chars: int = Field(1_000_000, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CleanConfig:
+        if self.min_chars >= self.max_chars:
+            raise ValueError("min_chars must be below max_chars")
+        return self
+
+
+class TokenizerConfig(Section):
+    vocab_size: int = Field(2048, ge=300, le=1 << 20)
+    sample_docs: int = Field(20_000, gt=0)
+    min_frequency: int = Field(2, ge=1)
+    eos_token: str = "<|endoftext|>"
+    pad_token: str = "<|pad|>"
+    reserved_tokens: int = Field(4, ge=0)
+
+
+class TokenizeConfig(Section):
+    validation_fraction: float = Field(0.05, ge=0, lt=1)
+    max_tokens_per_shard: int = Field(50_000_000, gt=0)
+    num_shards: int = Field(2, gt=0)
+
+
+class ModelSection(Section):
+    preset: str = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="fields of pipeline.model.GPTConfig")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str) -> str:
+        from pipeline.model import PRESETS
+
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return preset
+
+    @field_validator("overrides")
+    @classmethod
+    def _known_fields(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        from pipeline.model import GPTConfig
+
+        known = set(GPTConfig.__dataclass_fields__)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown model field(s) {unknown}; known: {sorted(known)}")
+        return overrides
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSection:
+        from pipeline.model import model_config
+
+        try:
+            model_config(self.preset, **self.overrides)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model.overrides do not give a valid {self.preset!r} model: {exc}") from None
+        return self
+
+
+class TrainConfig(Section):
+    steps: int = Field(40, gt=0)
+    batch_size: int = Field(8, gt=0, description="sequences per rank per micro-step")
+    seq_len: int = Field(64, gt=1)
+    grad_accum: int = Field(1, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    log_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(20, gt=0)
+    nproc_per_node: int = Field(2, gt=0)
+    nnodes: int = Field(1, gt=0)
+
+
+class DistributedConfig(Section):
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    init_method: str = "env://"
+    world_size: int | None = Field(None, gt=0, description="taken from torchrun's WORLD_SIZE when unset")
+    rank: int | None = Field(None, ge=0, description="taken from torchrun's RANK when unset")
+
+
+class TrackingConfig(Section):
+    mlflow_tracking_uri: str | None = Field(None, description="default: SQLite store under the data root")
+    experiment: str | None = Field(None, description="default: pretrain-<corpus>")
+
+
+class LoggingConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    console: bool = True
+
+
+class PipelineConfig(Section):
+    project: ProjectConfig = Field(default_factory=ProjectConfig)
+    crawl: CrawlConfig = Field(default_factory=CrawlConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("project")
+    @classmethod
+    def _absolute_root(cls, project: ProjectConfig) -> ProjectConfig:
+        if "://" not in project.data_root:
+            project.data_root = str(Path(project.data_root).expanduser().resolve())
+        return project
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=True)
+
+    @property
+    def hash(self) -> str:
+        """Stable digest of the full resolved tree; recorded in every manifest and MLflow run."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys to leaf values, for MLflow params."""
+        return flatten(self.to_dict())
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    node: Any = tree
+    model: Any = PipelineConfig
+    for depth, part in enumerate(parts):
+        is_last = depth == len(parts) - 1
+        fields = getattr(model, "model_fields", None)
+        if fields is not None:
+            if part not in fields:
+                where = ".".join(parts[:depth]) or "the top level"
+                raise ConfigError(
+                    f"{dotted}: unknown key {part!r} under {where} (from {source}); known: {sorted(fields)}"
+                )
+            annotation = fields[part].annotation
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if is_last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"{dotted}: {'.'.join(parts[: depth + 1])} is not a section (from {source})"
+                )
+
+
+def _parse_scalar(text: str) -> Any:
+    """`--set train.steps=10` gives an int, `=[a, b]` a list, `=null` None: YAML scalar rules."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
+    parsed = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {pair!r} must look like section.key=value")
+        parsed.append((key.strip(), _parse_scalar(raw)))
+    return parsed
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
+    pairs = []
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX):
+            dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            pairs.append((dotted, _parse_scalar(raw)))
+    return pairs
+
+
+def _format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        shown = item.get("input")
+        suffix = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict) else ""
+        lines.append(f"{key}: {message}{suffix}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> PipelineConfig:
+    """Build and validate the config tree; raises ConfigError naming the bad key."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        for dotted, value in flatten(loaded).items():
+            _set_dotted(tree, dotted, value, source=str(path))
+    environ = os.environ if environ is None else environ
+    for dotted, value in env_overrides(environ):
+        _set_dotted(tree, dotted, value, source=f"env {ENV_PREFIX}{dotted.upper().replace('.', '__')}")
+    for dotted, value in parse_overrides(overrides):
+        _set_dotted(tree, dotted, value, source="--set")
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def config_from_dict(tree: Mapping[str, Any]) -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(dict(tree))
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None

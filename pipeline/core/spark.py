@@ -1,0 +1,115 @@
+"""One way to get a SparkSession and one way to write a dataset, for every Spark stage."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.core.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def launched_by_spark_submit() -> bool:
+    """spark-submit starts the Python driver with a gateway port; then it, not our config, owns the master."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_session(config: PipelineConfig, app_name: str) -> SparkSession:
+    # Workers must run this interpreter, or they miss pyarrow and our package.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if not launched_by_spark_submit():
+        builder = (
+            builder.master(config.spark.master)
+            .config("spark.driver.memory", config.spark.driver_memory)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+        )
+    settings = {
+        "spark.sql.shuffle.partitions": str(config.spark.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "1000",
+        "spark.python.worker.reuse": "true",
+        # Our own _SUCCESS marks a whole stage; Hadoop's per-dataset marker is noise.
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.sql.parquet.compression.codec": "zstd",
+    }
+    settings.update(config.spark.extra_conf)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def spark_schema(arrow_schema):
+    """The Spark StructType for a pyarrow schema, so mapInArrow outputs are declared once, in Arrow terms."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(arrow_schema)
+
+
+def write_parquet(df: DataFrame, path: Path, num_files: int, key: str = "id") -> int:
+    """Write df so the bytes depend only on its rows, not on partitioning or on which JVM ran it.
+
+    Rows go to ``num_files`` files by a hash of ``key`` and are sorted by ``key`` inside each file.
+    Each Spark task writes its file with pyarrow: Spark's own Parquet writer records column encodings
+    in JVM hash-set order, which changes between JVM runs. Returns the number of rows written.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    path.mkdir(parents=True, exist_ok=False)
+    arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+    folder = str(path)
+
+    def write_partition(batches):
+        import os
+
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        target = os.path.join(folder, f"part-{partition:05d}.parquet")
+        temporary = f"{target}.{TaskContext.get().taskAttemptId()}.tmp"
+        rows = 0
+        writer = None
+        for batch in batches:
+            if writer is None:
+                writer = pq.ParquetWriter(temporary, arrow_schema, compression="zstd")
+            writer.write_batch(batch.cast(arrow_schema) if batch.schema != arrow_schema else batch)
+            rows += batch.num_rows
+        if writer is None and partition == 0:
+            # Keep the schema readable even when the dataset is empty.
+            writer = pq.ParquetWriter(temporary, arrow_schema, compression="zstd")
+        if writer is not None:
+            writer.close()
+            os.replace(temporary, target)
+        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+    written = (
+        df.repartition(num_files, key)
+        .sortWithinPartitions(key)
+        .mapInArrow(write_partition, "rows long")
+        .groupBy()
+        .sum("rows")
+        .first()[0]
+    )
+    return int(written or 0)
+
+
+def count_by(df: DataFrame, column: str) -> dict[str, int]:
+    """Small group-by counts (drop reasons, languages) brought to the driver for the manifest."""
+    return {str(row[column]): int(row["count"]) for row in df.groupBy(column).count().collect()}

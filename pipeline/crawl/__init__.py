@@ -1,0 +1,1 @@
+"""Crawl stage: polite Scrapy crawls written as WARC plus a Parquet fetch index."""

@@ -1,0 +1,1 @@
+"""Training data: memory-mapped token shards served as packed, rank-sharded, resumable batches."""

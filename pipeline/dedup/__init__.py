@@ -1,0 +1,1 @@
+"""Deduplication: exact (content hash) and near-duplicate (MinHash LSH) removal in Spark."""

@@ -1,0 +1,1 @@
+"""Data-quality report: embeddings, domain coverage and diversity of a cleaned corpus."""

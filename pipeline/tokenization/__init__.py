@@ -1,0 +1,1 @@
+"""Tokenizer training and Spark tokenization into packed token shards."""

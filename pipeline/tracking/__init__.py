@@ -1,0 +1,1 @@
+"""Tracking: MLflow runs and lineage, log shipping and live metrics."""

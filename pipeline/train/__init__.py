@@ -1,0 +1,1 @@
+"""Distributed training: the torchrun entrypoint and the components its trainer composes."""

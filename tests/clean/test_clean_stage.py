@@ -1,0 +1,96 @@
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.clean import job as clean_job
+from pipeline.core.manifest import Manifest
+from pipeline.core.storage import DatasetRef
+from tests.conftest import make_config
+
+
+def test_clean_keeps_articles_and_explains_every_drop(sample_corpus):
+    config, snapshot = sample_corpus
+    clean = DatasetRef.of(config, "clean", snapshot)
+    manifest = clean.manifest()
+    documents = pq.read_table(clean.path / "documents").to_pylist()
+    excluded = pq.read_table(clean.path / "excluded").to_pylist()
+    crawl = DatasetRef.of(config, "crawl", snapshot).manifest()
+
+    assert manifest.rows["documents"] == len(documents) >= 10
+    assert len(documents) + len(excluded) == crawl.counters["fetched"], "no page disappears silently"
+    assert all(row["drop_reason"] for row in excluded)
+    assert manifest.counters["dropped"]["exact_duplicate"] == 1
+    urls = {row["url"].split("/", 3)[3] for row in documents}
+    assert len(urls & {"articles/river-mills.html", "mirror/river-mills.html"}) == 1
+    river = next(row for row in documents if row["url"].endswith("river-mills.html"))
+    assert "a river was the most reliable source of power" in river["text"]
+    assert "cookie" not in river["text"].lower(), "boilerplate is not main text"
+    assert len({row["id"] for row in documents}) == len(documents)
+
+
+def _copy_crawl(source_config, snapshot, target_root):
+    config = make_config(target_root)
+    shutil.copytree(
+        DatasetRef.of(source_config, "crawl", snapshot).path, DatasetRef.of(config, "crawl", snapshot).path
+    )
+    return config
+
+
+def test_output_bytes_do_not_depend_on_partitioning(sample_corpus, tmp_path):
+    config, snapshot = sample_corpus
+    reference = DatasetRef.of(config, "clean", snapshot).manifest()
+    other = _copy_crawl(config, snapshot, tmp_path / "data")
+    other = other.model_copy(update={"spark": other.spark.model_copy(update={"shuffle_partitions": 7})})
+    manifest = clean_job.run(
+        other, [DatasetRef.of(other, "crawl", snapshot)], DatasetRef.of(other, "clean", snapshot)
+    )
+    assert {k: v.sha256 for k, v in manifest.files.items()} == {
+        k: v.sha256 for k, v in reference.files.items()
+    }
+
+
+@pytest.mark.slow
+def test_killed_run_then_rerun_matches_uninterrupted_run(sample_corpus, tmp_path):
+    """SIGKILL the clean stage once it has started writing, rerun it, compare with an uninterrupted run."""
+    config, snapshot = sample_corpus
+    reference = DatasetRef.of(config, "clean", snapshot).manifest()
+    other = _copy_crawl(config, snapshot, tmp_path / "data")
+    target = DatasetRef.of(other, "clean", snapshot)
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.clean",
+        "--snapshot",
+        snapshot,
+        "--set",
+        f"project.data_root={other.project.data_root}",
+        "--set",
+        "logging.console=false",
+    ]
+    process = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    staging_files = []
+    while time.monotonic() < deadline and process.poll() is None:
+        staging_files = [
+            p for s in target.path.parent.glob(".staging-*") for p in s.rglob("*") if p.is_file()
+        ]
+        if staging_files:
+            break
+        time.sleep(0.02)
+    assert staging_files, "the stage never started writing"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not target.is_complete(), "a killed run publishes nothing"
+
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rerun = Manifest.read(target.path / "manifest.json")
+    assert {k: v.sha256 for k, v in rerun.files.items()} == {k: v.sha256 for k, v in reference.files.items()}
+    assert not list(target.path.parent.glob(".staging-*")), "the killed attempt's staging folder is gone"

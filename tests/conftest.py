@@ -1,0 +1,77 @@
+"""Shared fixtures. Airflow and Spark settings must be in the environment before either is imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="pretrain-airflow-home-"))
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+    }
+)
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+for key in [key for key in os.environ if key.startswith(("PRETRAIN__", "AIRFLOW_CTX_"))]:
+    del os.environ[key]
+
+from pipeline.core.config import PipelineConfig, load_config  # noqa: E402
+from pipeline.core.storage import DatasetRef  # noqa: E402
+
+
+def make_config(data_root: Path, *overrides: str) -> PipelineConfig:
+    """A config for tests: small and fast, on a private data root."""
+    return load_config(
+        None,
+        [
+            f"project.data_root={data_root}",
+            "spark.master=local[2]",
+            "spark.shuffle_partitions=4",
+            "train.steps=12",
+            "train.checkpoint_every=6",
+            "logging.console=false",
+            *overrides,
+        ],
+        environ={},
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> PipelineConfig:
+    return make_config(tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def sample_corpus(tmp_path_factory) -> tuple[PipelineConfig, str]:
+    """Crawl, clean and tokenize the bundled sample site once for the whole session."""
+    from pipeline.clean import job as clean_job
+    from pipeline.crawl import stage as crawl_stage
+    from pipeline.tokenization import job as tokenize_job
+
+    config = make_config(tmp_path_factory.mktemp("corpus") / "data")
+    snapshot = "fixture"
+    ref = lambda stage: DatasetRef.of(config, stage, snapshot)  # noqa: E731
+    crawl_stage.run(config, [], ref("crawl"))
+    clean_job.run(config, [ref("crawl")], ref("clean"))
+    tokenize_job.run(config, [ref("clean")], ref("tokenize"))
+    return config, snapshot
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata database in a private AIRFLOW_HOME."""
+    subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True, capture_output=True
+    )
+    return _AIRFLOW_HOME

@@ -1,0 +1,93 @@
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.core.config import ConfigError, PipelineConfig, flatten, load_config
+
+
+def test_defaults_validate_and_hash_is_stable():
+    first, second = load_config(environ={}), load_config(environ={})
+    assert first.hash == second.hash
+    assert len(first.hash) == 16
+    assert first.project.data_root.endswith("/data")
+
+
+def test_yaml_then_env_then_cli_precedence(tmp_path: Path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  steps: 7\n  lr: 0.5\nproject:\n  corpus: web\n")
+    config = load_config(
+        path, ["train.steps=9"], environ={"PRETRAIN__TRAIN__LR": "0.25", "PRETRAIN__TRAIN__STEPS": "8"}
+    )
+    assert config.train.steps == 9  # --set beats env
+    assert config.train.lr == 0.25  # env beats file
+    assert config.project.corpus == "web"  # file beats default
+
+
+def test_hash_changes_with_any_value():
+    assert load_config(environ={}).hash != load_config(overrides=["train.steps=41"], environ={}).hash
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("train.steps=abc", "train.steps"),
+        ("train.stepz=3", "train.stepz"),
+        ("nosection.key=1", "nosection"),
+        ("train.precision=fp8", "train.precision"),
+        ("model.preset=huge", "model.preset"),
+        ("model.overrides.num_layerz=2", "model.overrides"),
+        ("model.overrides.hidden_size=130", "model"),
+        ("project.corpus=bad/name", "project.corpus"),
+        ("clean.min_chars=5000000", "clean"),
+    ],
+)
+def test_bad_value_names_the_key(override: str, names: str):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[override], environ={})
+    assert names in str(error.value)
+
+
+def test_bad_env_var_names_its_source():
+    with pytest.raises(ConfigError, match=r"train\.nope.*env PRETRAIN__TRAIN__NOPE"):
+        load_config(environ={"PRETRAIN__TRAIN__NOPE": "1"})
+
+
+def test_missing_and_malformed_files(tmp_path: Path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.yaml", environ={})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken, environ={})
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar, environ={})
+
+
+def test_override_without_equals_is_rejected():
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
+        load_config(overrides=["train.steps"], environ={})
+
+
+def test_round_trip_through_yaml(tmp_path: Path):
+    config = load_config(overrides=["train.steps=5", "crawl.seeds=[http://a.example/]"], environ={})
+    path = tmp_path / "resolved.yaml"
+    path.write_text(config.to_yaml())
+    assert load_config(path, environ={}).hash == config.hash
+
+
+@given(st.integers(min_value=1, max_value=10**9), st.floats(min_value=1e-9, max_value=10, allow_nan=False))
+def test_numeric_overrides_round_trip(steps: int, lr: float):
+    config = load_config(overrides=[f"train.steps={steps}", f"train.lr={lr!r}"], environ={})
+    assert config.train.steps == steps
+    assert config.train.lr == pytest.approx(lr)
+    assert flatten(config.to_dict())["train.steps"] == steps
+
+
+def test_flat_covers_every_leaf():
+    flat = PipelineConfig().flat()
+    assert flat["train.steps"] == 40
+    assert all(not isinstance(value, dict) or value == {} for value in flat.values())

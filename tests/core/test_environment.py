@@ -1,0 +1,25 @@
+"""Guards for the pinned environment's known traps (see the project's notes on pyspark-client)."""
+
+import re
+from pathlib import Path
+
+import pandas
+import pyspark
+import torch
+
+
+def test_pyspark_python_files_match_the_spark_jars():
+    jars = Path(pyspark.__file__).parent / "jars"
+    versions = {
+        m.group(1)
+        for p in jars.glob("spark-core_*.jar")
+        if (m := re.search(r"-(\d+\.\d+\.\d+)\.jar$", p.name))
+    }
+    assert versions == {pyspark.__version__}, (
+        "pyspark-client replaced pyspark's Python files; pin both to one version"
+    )
+
+
+def test_pinned_torch_and_pandas():
+    assert torch.__version__.split("+")[0] == "2.13.0"
+    assert int(pandas.__version__.split(".")[0]) < 3, "pyspark does not fully support pandas 3"
