@@ -9,12 +9,13 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test lint format check-java venv clean-data help
+.PHONY: demo test lint format check-java venv bench-venv clean-data help
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
 	@echo "make format apply ruff formatting"
+	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 
 venv: $(STAMP)
 
@@ -24,6 +25,16 @@ $(STAMP): requirements.lock setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
 	@touch $(STAMP)
+
+BENCH_STAMP := .venv-bench/.installed
+
+bench-venv: $(BENCH_STAMP)
+
+$(BENCH_STAMP): requirements.lock benchmarks/requirements.lock setup.cfg pyproject.toml
+	@test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock -r benchmarks/requirements.lock
+	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
+	@touch $(BENCH_STAMP)
 
 check-java:
 	@$(PYTHON) scripts/check_java.py

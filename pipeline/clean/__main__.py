@@ -1,25 +1,18 @@
 """`python -m pipeline.clean` / `pretrain clean`: extract, normalise, filter and de-duplicate a crawl in Spark.
 
-Also runs under spark-submit: `spark-submit --master spark://host:7077 -m pipeline.clean ...` is not valid
-Spark syntax, so submit the file: `spark-submit --master ... pipeline/clean/__main__.py --snapshot ...`.
+Also runs under spark-submit on a cluster:
+`spark-submit --master spark://host:7077 pipeline/clean/__main__.py --snapshot 2026-11-29`.
 """
 
 from __future__ import annotations
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
-from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef
+from pipeline.core.cli import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = stage_parser("pretrain clean", __doc__)
-    config, snapshot = resolve(parser.parse_args(argv))
-    setup_logging(config, "clean")
-    from pipeline.clean.job import STAGE, run
+    from pipeline.clean.job import run
 
-    manifest = run(config, [DatasetRef.of(config, "crawl", snapshot)], DatasetRef.of(config, STAGE, snapshot))
-    print(manifest.path)
-    return 0
+    return stage_main(argv, stage="clean", description=__doc__, run=run, input_stages=("crawl",))
 
 
 if __name__ == "__main__":

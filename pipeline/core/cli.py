@@ -48,6 +48,41 @@ def resolve(args: argparse.Namespace) -> tuple[PipelineConfig, str]:
     return config, snapshot
 
 
+def stage_main(
+    argv: list[str] | None,
+    *,
+    stage: str,
+    description: str,
+    run: Callable,
+    input_stages: tuple[str, ...] = (),
+    component: str | None = None,
+) -> int:
+    """The shared body of every `python -m pipeline.<stage>` entrypoint.
+
+    Parses --config/--set/--snapshot (and --input-stage when the stage reads one input), sets up logging,
+    calls ``run(config, inputs, output)`` and prints the published output folder.
+    """
+    from pipeline.core.logs import setup_logging
+    from pipeline.core.storage import DatasetRef
+
+    parser = stage_parser(f"pretrain {stage}", description)
+    if len(input_stages) == 1:
+        parser.add_argument(
+            "--input-stage",
+            default=input_stages[0],
+            help=f"stage whose output to read (default: {input_stages[0]})",
+        )
+    args = parser.parse_args(argv)
+    config, snapshot = resolve(args)
+    if len(input_stages) == 1:
+        input_stages = (args.input_stage,)
+    setup_logging(config, component or stage)
+    inputs = [DatasetRef.of(config, name, snapshot) for name in input_stages]
+    manifest = run(config, inputs, DatasetRef.of(config, stage, snapshot))
+    print(manifest.path)
+    return 0
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
     try:

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
-from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef
+from pipeline.core.cli import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = stage_parser("pretrain crawl", __doc__)
-    config, snapshot = resolve(parser.parse_args(argv))
-    setup_logging(config, "crawl")
-    from pipeline.crawl.stage import STAGE, run
+    from pipeline.crawl.stage import run
 
-    manifest = run(config, [], DatasetRef.of(config, STAGE, snapshot))
-    print(manifest.path)
-    return 0
+    return stage_main(argv, stage="crawl", description=__doc__, run=run, input_stages=())
 
 
 if __name__ == "__main__":

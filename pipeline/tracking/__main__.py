@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
-from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef
+from pipeline.core.cli import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = stage_parser("pretrain report", __doc__)
-    config, snapshot = resolve(parser.parse_args(argv))
-    setup_logging(config, "report")
-    from pipeline.tracking.mlflow_report import STAGE, run
+    from pipeline.tracking.mlflow_report import run
 
-    manifest = run(config, [DatasetRef.of(config, "train", snapshot)], DatasetRef.of(config, STAGE, snapshot))
-    print(manifest.extra["mlflow_run_id"])
-    return 0
+    return stage_main(argv, stage="report", description=__doc__, run=run, input_stages=("train",))
 
 
 if __name__ == "__main__":

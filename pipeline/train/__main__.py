@@ -8,32 +8,30 @@ from __future__ import annotations
 
 import os
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
+from pipeline.core.cli import resolve, run_cli, stage_main, stage_parser
 from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "LOCAL_RANK" not in os.environ:
+        from pipeline.train.launch import run
+
+        return stage_main(
+            argv,
+            stage="train",
+            description=__doc__,
+            run=run,
+            input_stages=("tokenize",),
+            component="train-launcher",
+        )
     parser = stage_parser("pretrain train", __doc__)
-    parser.add_argument(
-        "--input-stage", default="tokenize", help="stage holding the token shards (default: tokenize)"
-    )
+    parser.add_argument("--input-stage", default="tokenize")
     args = parser.parse_args(argv)
     config, snapshot = resolve(args)
-    if "LOCAL_RANK" in os.environ:
-        setup_logging(config, "train", rank=int(os.environ.get("RANK", 0)))
-        from pipeline.train.trainer import train
+    setup_logging(config, "train", rank=int(os.environ.get("RANK", 0)))
+    from pipeline.train.trainer import train
 
-        train(config, snapshot, args.input_stage)
-        return 0
-    setup_logging(config, "train-launcher")
-    from pipeline.train.launch import run
-    from pipeline.train.trainer import STAGE
-
-    manifest = run(
-        config, [DatasetRef.of(config, args.input_stage, snapshot)], DatasetRef.of(config, STAGE, snapshot)
-    )
-    print(manifest.path)
+    train(config, snapshot, args.input_stage)
     return 0
 
 
