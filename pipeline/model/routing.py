@@ -124,3 +124,32 @@ def unpermute(expert_output: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         plan.num_tokens, expert_output.shape[1], dtype=expert_output.dtype, device=expert_output.device
     )
     return out.index_add(0, plan.token_index, weighted)
+
+
+@dataclass(frozen=True)
+class RoutingOps:
+    """The three routing functions, from one backend."""
+
+    name: str
+    route: object
+    permute: object
+    unpermute: object
+
+
+REFERENCE_OPS = RoutingOps("pytorch", route, permute, unpermute)
+
+
+def routing_ops(use_extension: bool = True) -> RoutingOps:
+    """The fused ``cuda_ext`` kernels when enabled and built, else the PyTorch reference above.
+
+    ``cuda_ext.moe_routing`` must expose ``route``, ``permute`` and ``unpermute`` with the signatures
+    and semantics of this module (and autograd support), plus ``is_available() -> bool``.
+    """
+    if use_extension:
+        try:
+            from cuda_ext import moe_routing
+        except ImportError:
+            return REFERENCE_OPS
+        if moe_routing.is_available():
+            return RoutingOps("cuda_ext", moe_routing.route, moe_routing.permute, moe_routing.unpermute)
+    return REFERENCE_OPS

@@ -90,3 +90,10 @@ def test_permute_unpermute_equals_dense_weighted_sum():
 def test_capacity_formula():
     assert expert_capacity(100, 8, 2, 1.0) == math.ceil(100 * 2 / 8)
     assert expert_capacity(100, 8, 2, None) is None
+
+
+def test_reference_backend_is_the_fallback():
+    from pipeline.model.routing import REFERENCE_OPS, routing_ops
+
+    assert routing_ops(use_extension=False) is REFERENCE_OPS
+    assert routing_ops(use_extension=True).name in ("pytorch", "cuda_ext")
