@@ -81,6 +81,12 @@ class CleanConfig(Section):
         return self
 
 
+class QualityConfig(Section):
+    sample_docs: int = Field(2000, gt=0, description="documents embedded for the diversity statistics")
+    max_seq_length: int = Field(256, gt=0, le=512, description="embedding model's token limit per document")
+    clusters: int = Field(8, gt=0, description="k-means clusters for the topic-spread entropy")
+
+
 class TokenizerConfig(Section):
     vocab_size: int = Field(2048, ge=300, le=1 << 20)
     sample_docs: int = Field(20_000, gt=0)
@@ -170,6 +176,7 @@ class PipelineConfig(Section):
     crawl: CrawlConfig = Field(default_factory=CrawlConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     model: ModelSection = Field(default_factory=ModelSection)

@@ -1,0 +1,110 @@
+import json
+import math
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.core.storage import DatasetRef
+from pipeline.quality.report import (
+    cluster_entropy,
+    cosine_statistics,
+    domain_concentration,
+    embed_batches,
+    run,
+)
+
+
+def test_cosine_statistics_match_a_loop_reference():
+    rng = np.random.default_rng(4)
+    vectors = rng.normal(size=(9, 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    stats = cosine_statistics(vectors)
+    pairs = [float(vectors[i] @ vectors[j]) for i in range(9) for j in range(9) if i != j]
+    nearest = [max(float(vectors[i] @ vectors[j]) for j in range(9) if j != i) for i in range(9)]
+    assert stats["mean_pairwise_cosine"] == pytest.approx(sum(pairs) / len(pairs))
+    assert stats["mean_nearest_neighbour_cosine"] == pytest.approx(sum(nearest) / 9)
+    assert cosine_statistics(vectors[:1])["mean_pairwise_cosine"] is None
+
+
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=30))
+def test_domain_concentration_bounds(counts):
+    stats = domain_concentration(counts)
+    total = sum(counts)
+    assert stats["domains"] == len(counts)
+    assert stats["herfindahl_index"] == pytest.approx(sum((c / total) ** 2 for c in counts))
+    assert 0.0 <= stats["domain_entropy_normalised"] <= 1.0 + 1e-9
+    assert stats["top10_domain_share"] == pytest.approx(sum(sorted(counts, reverse=True)[:10]) / total)
+
+
+def test_cluster_entropy_separates_even_and_lopsided_topics():
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(4, 8)) * 20
+    even = np.concatenate([centre + rng.normal(size=(25, 8)) for centre in centres])
+    lopsided = np.concatenate(
+        [centres[0] + rng.normal(size=(97, 8)), *[c + rng.normal(size=(1, 8)) for c in centres[1:]]]
+    )
+    assert cluster_entropy(even, 4, seed=0)["cluster_entropy"] == pytest.approx(1.0, abs=1e-6)
+    assert cluster_entropy(lopsided, 4, seed=0)["cluster_entropy"] < 0.3
+
+
+@pytest.mark.slow
+def test_embeddings_rank_repetitive_text_as_less_diverse():
+    varied = [
+        "The river turned the mill wheel all winter.",
+        "Quantum computers use qubits to represent information.",
+        "Add flour and water to feed the sourdough starter.",
+        "The chess opening controls the centre of the board.",
+    ]
+    repetitive = [f"The river turned the mill wheel all winter, day {i}." for i in range(4)]
+
+    def embed(texts):
+        batch = pa.RecordBatch.from_pydict(
+            {"id": [str(i) for i in range(len(texts))], "domain": ["d"] * len(texts), "text": texts}
+        )
+        (out,) = embed_batches(iter([batch]), max_seq_length=64, batch_size=8)
+        return np.array(out.column("embedding").to_pylist())
+
+    varied_vectors, repetitive_vectors = embed(varied), embed(repetitive)
+    np.testing.assert_allclose(np.linalg.norm(varied_vectors, axis=1), 1.0, rtol=1e-5)
+    assert (
+        cosine_statistics(repetitive_vectors)["mean_pairwise_cosine"]
+        > cosine_statistics(varied_vectors)["mean_pairwise_cosine"] + 0.3
+    )
+
+
+@pytest.mark.slow
+def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
+    config, snapshot = sample_corpus
+    clean = DatasetRef.of(config, "clean", snapshot)
+    manifest = run(config, [clean], DatasetRef.of(config, "quality", snapshot))
+    folder = DatasetRef.of(config, "quality", snapshot).path
+    metrics = json.loads((folder / "metrics.json").read_text())
+    documents = pq.read_table(clean.path / "documents").to_pylist()
+
+    assert metrics == manifest.extra["metrics"]
+    assert metrics["documents"] == len(documents) == metrics["sampled_documents"]
+    assert metrics["characters"] == sum(len(d["text"]) for d in documents)
+    assert metrics["domains"] == 1 and metrics["herfindahl_index"] == 1.0
+    words = [re.findall(r"\w+", d["text"].lower()) for d in documents]
+    unigrams = [w for ws in words for w in ws]
+    assert metrics["distinct_1gram_ratio"] == pytest.approx(len(set(unigrams)) / len(unigrams))
+
+    embeddings = pq.read_table(folder / "embeddings.parquet")
+    vectors = np.array(embeddings.column("embedding").to_pylist())
+    assert sorted(embeddings.column("id").to_pylist()) == sorted(d["id"] for d in documents)
+    assert metrics["mean_pairwise_cosine"] == pytest.approx(
+        cosine_statistics(vectors)["mean_pairwise_cosine"], abs=1e-6
+    )
+    assert not math.isnan(metrics["cluster_entropy"])
+    html = (folder / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3
+    assert {p.name for p in (folder / "plots").iterdir()} == {
+        "domains.png",
+        "lengths.png",
+        "embeddings_pca.png",
+    }
