@@ -1,54 +1,124 @@
+"""The whole model: loss, checkpointing, generation."""
+
+import pytest
 import torch
 
 from pipeline.model import model_config
-from pipeline.model.gpt import GPT, RotaryEmbedding
+from pipeline.model.gpt import GPT, GPTOutput, sample_next_token
 
 
-def test_rope_scores_depend_only_on_relative_position():
-    torch.manual_seed(0)
-    rope = RotaryEmbedding(head_dim=16, max_positions=128, theta=10_000.0)
-    q, k = torch.randn(16), torch.randn(16)
-
-    def score(m: int, n: int) -> torch.Tensor:
-        rotated_q = rope(q.expand(1, 1, 128, 16))[0, 0, m]
-        rotated_k = rope(k.expand(1, 1, 128, 16))[0, 0, n]
-        return rotated_q @ rotated_k
-
-    for m, n, shift in [(5, 2, 40), (70, 9, 17), (3, 3, 100)]:
-        torch.testing.assert_close(score(m, n), score(m + shift, n + shift), rtol=1e-4, atol=1e-4)
-
-
-def test_rope_matches_complex_multiplication_reference():
-    torch.manual_seed(1)
-    rope = RotaryEmbedding(head_dim=8, max_positions=32, theta=500.0)
-    x = torch.randn(2, 3, 32, 8, dtype=torch.float32)
-    half = 4
-    freqs = 1.0 / (500.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
-    angles = torch.outer(torch.arange(32, dtype=torch.float64), freqs)
-    as_complex = torch.complex(x[..., :half].double(), x[..., half:].double()) * torch.polar(
-        torch.ones_like(angles), angles
-    )
-    expected = torch.cat([as_complex.real, as_complex.imag], dim=-1).float()
-    torch.testing.assert_close(rope(x), expected, rtol=1e-5, atol=1e-5)
-
-
-def test_future_tokens_never_change_past_logits():
-    torch.manual_seed(2)
-    model = GPT(model_config("tiny", vocab_size=97)).eval()
-    tokens = torch.randint(0, 97, (2, 24))
-    changed = tokens.clone()
-    changed[:, 12:] = torch.randint(0, 97, (2, 12))
-    with torch.no_grad():
-        before, _ = model(tokens)
-        after, _ = model(changed)
-    torch.testing.assert_close(before[:, :12], after[:, :12])
-    assert not torch.allclose(before[:, 12:], after[:, 12:])
-
-
-def test_loss_is_cross_entropy_of_logits():
+def test_loss_is_cross_entropy_of_logits_and_unpacks_as_a_pair():
     torch.manual_seed(3)
     model = GPT(model_config("tiny", vocab_size=50))
     tokens = torch.randint(0, 50, (3, 10))
-    logits, loss = model(tokens[:, :-1], tokens[:, 1:])
-    reference = -torch.log_softmax(logits.double(), -1).gather(-1, tokens[:, 1:, None]).mean()
+    targets = tokens[:, 1:].clone()
+    targets[0, :4] = -100  # ignored positions
+    out = model(tokens[:, :-1], targets)
+    assert isinstance(out, GPTOutput) and out.aux_loss is None and out.z_loss is None
+    logits, loss = out
+    log_probs = torch.log_softmax(logits.double(), -1)
+    kept = targets != -100
+    reference = -log_probs[kept].gather(-1, targets[kept][:, None]).mean()
     torch.testing.assert_close(loss.double(), reference, rtol=1e-5, atol=1e-5)
+    assert out.lm_loss is loss
+    logits, loss = model(tokens)
+    assert loss is None and logits.shape == (3, 10, 50)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("tiny", {"dropout": 0.1}),
+        (
+            "tiny-moe",
+            {
+                "dropout": 0.1,
+                "attention_pattern": "blockwise",
+                "attention_block_size": 4,
+                "attention_global_tokens": 1,
+                "moe_capacity_factor": 1.0,
+            },
+        ),
+    ],
+)
+def test_activation_checkpointing_gives_the_same_gradients(preset, overrides):
+    torch.manual_seed(9)
+    tokens = torch.randint(0, 80, (2, 21))
+    document_ids = torch.tensor([[0] * 8 + [1] * 12, [5] * 20])
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(10)
+        model = GPT(model_config(preset, vocab_size=80, activation_checkpointing=recompute, **overrides))
+        torch.manual_seed(11)  # the same dropout masks; checkpoint replays the RNG state when recomputing
+        out = model(tokens[:, :-1], tokens[:, 1:], document_ids=document_ids)
+        out.loss.backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def full_sequence_greedy(model: GPT, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding without a cache: the whole sequence through the model at every step."""
+    tokens = prompt
+    for _ in range(steps):
+        next_token = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, next_token], dim=1)
+    return tokens
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_greedy_generation_with_kv_cache_equals_full_recompute(preset):
+    torch.manual_seed(12)
+    overrides = {"num_key_value_heads": 2, "attention_pattern": "sliding_window", "attention_window": 6}
+    model = GPT(model_config(preset, vocab_size=40, **overrides))
+    for param in model.parameters():  # sharper logits than the init, so argmax ties are unlikely
+        torch.nn.init.normal_(param, std=0.2)
+    prompt = torch.randint(0, 40, (3, 5))
+    model.train()
+    generated = model.generate(prompt, max_new_tokens=12, temperature=0.0)
+    assert model.training, "generate restores the previous mode"
+    with torch.no_grad():
+        expected = full_sequence_greedy(model.eval(), prompt, 12)
+    assert torch.equal(generated, expected)
+    assert torch.equal(model.generate(prompt, 12, temperature=1.0, top_k=1), expected)
+
+
+def test_sampling_follows_temperature_and_top_k():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(20_000, 4)
+    draws = sample_next_token(logits, 2.0, None, torch.Generator().manual_seed(0)).squeeze(1)
+    frequencies = torch.bincount(draws, minlength=4) / len(draws)
+    torch.testing.assert_close(frequencies, torch.softmax(logits[0] / 2.0, -1), rtol=0, atol=0.015)
+
+    draws = sample_next_token(logits, 0.5, 2, torch.Generator().manual_seed(1)).squeeze(1)
+    frequencies = torch.bincount(draws, minlength=4) / len(draws)
+    expected = torch.tensor([0.0, 1 / (1 + torch.e**2), torch.e**2 / (1 + torch.e**2), 0.0])
+    torch.testing.assert_close(frequencies, expected, rtol=0, atol=0.015)
+    assert frequencies[0] == 0 and frequencies[3] == 0
+
+
+def test_sampled_generation_is_reproducible_and_stays_in_top_k():
+    torch.manual_seed(13)
+    model = GPT(model_config("tiny", vocab_size=30))
+    prompt = torch.randint(0, 30, (2, 4))
+    first = model.generate(prompt, 8, temperature=0.9, top_k=3, generator=torch.Generator().manual_seed(5))
+    again = model.generate(prompt, 8, temperature=0.9, top_k=3, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(first, again) and torch.equal(first[:, :4], prompt)
+    with torch.no_grad():
+        logits = model.eval()(first).logits
+    for position in range(4, 12):
+        top3 = logits[:, position - 1].topk(3).indices
+        assert (top3 == first[:, position, None]).any(dim=1).all()
+
+
+def test_generate_rejects_bad_arguments():
+    model = GPT(model_config("tiny", vocab_size=30, max_position_embeddings=16))
+    prompt = torch.randint(0, 30, (1, 10))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(prompt, 7)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(prompt, 2, top_k=0)
+    with pytest.raises(ValueError, match="prompt token"):
+        model.generate(prompt[:, :0], 2)
