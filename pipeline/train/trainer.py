@@ -76,8 +76,7 @@ def evaluate(model: torch.nn.Module, folder: Path, train: TrainConfig, max_batch
     for start in range(0, min(len(dataset), max_batches * train.batch_size), train.batch_size):
         stop = min(start + train.batch_size, len(dataset))
         rows = torch.from_numpy(np.stack([dataset[i] for i in range(start, stop)]))
-        _, loss = model(rows[:, :-1], rows[:, 1:])
-        losses.append(loss.item())
+        losses.append(model(rows[:, :-1], rows[:, 1:]).lm_loss.item())  # without the MoE router losses
     model.train()
     return sum(losses) / len(losses) if losses else None
 
