@@ -1,251 +1,358 @@
-"""The Scrapy side of the crawl stage, run in its own process (Twisted's reactor cannot restart).
+"""The Scrapy side of one crawl shard, run in its own process (Twisted's reactor cannot restart).
 
-``python -m pipeline.crawl.crawler spec.json`` crawls the spec's seeds, writes WARC records and a
-Parquet fetch index into the spec's output folder, and exits.
+``python -m pipeline.crawl.crawler JOB/spec.json`` recovers the shard's job folder (journal + WARC),
+crawls what is left, and exits 0 only when the spider finished; the parent (pipeline.crawl.stage)
+then builds the Parquet index from the journal and publishes the shard.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
+import logging
+import os
+import signal
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from io import BytesIO
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-import scrapy
-from scrapy.crawler import CrawlerProcess
-from scrapy.http import Response
-from twisted.python.failure import Failure
-from warcio.statusandheaders import StatusAndHeaders
-from warcio.warcwriter import WARCWriter
+from pipeline.crawl.frontier import Frontier
+from pipeline.crawl.journal import Journal, JournalState, recover
+from pipeline.crawl.urls import host_of, registered_domain
+from pipeline.crawl.warc import Exchange, WarcStore
 
-INDEX_SCHEMA = pa.schema(
-    [
-        ("url", pa.string()),
-        ("domain", pa.string()),
-        ("depth", pa.int32()),
-        ("status", pa.int32()),
-        ("content_type", pa.string()),
-        ("content_length", pa.int64()),
-        ("fetch_time", pa.timestamp("us", tz="UTC")),
-        ("warc_file", pa.string()),
-        ("warc_offset", pa.int64()),
-        ("warc_length", pa.int64()),
-        ("failure_reason", pa.string()),
-    ]
-)
-
-_DROPPED_HEADERS = {b"content-encoding", b"transfer-encoding", b"content-length"}
+log = logging.getLogger("pipeline.crawl.crawler")
+JOB_DIR = "_job"
+SPEC_NAME = "spec.json"
+LOCK_NAME = "lock"
 
 
 @dataclass
 class CrawlSpec:
+    """Everything the crawler process needs; written by the stage into the shard's job folder."""
+
     seeds: list[str]
     output: str
-    shard: str = "shard-00000"
+    shard: str = "shard-00000-of-00001"
+    spider: str = "seed"
     max_pages: int = 200
     max_depth: int = 3
-    settings: dict = field(default_factory=dict)
+    warc_max_bytes: int = 1 << 30
+    settings: dict[str, Any] = field(default_factory=dict)
+    parent_pid: int | None = None
 
     @classmethod
     def read(cls, path: str | Path) -> CrawlSpec:
         return cls(**json.loads(Path(path).read_text()))
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.__dict__, indent=2))
+        Path(path).write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change for a killed crawl to be resumed rather than restarted."""
+        return {"seeds": sorted(self.seeds), "shard": self.shard, "spider": self.spider}
+
+    @property
+    def sites(self) -> set[str]:
+        return {registered_domain(seed) for seed in self.seeds}
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.output) / JOB_DIR
 
 
-class SiteSpider(scrapy.Spider):
-    """Follows links that stay on a seed's host, up to the depth and page limits."""
+class ShardLock:
+    """An exclusive flock on the shard's job folder, so two crawlers never write one shard.
 
-    name = "site"
+    The kernel drops it when its holder dies, however it dies.
+    """
 
-    def __init__(self, spec: CrawlSpec, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.spec = spec
-        self.allowed_hosts = {urlsplit(seed).netloc for seed in spec.seeds}
+    def __init__(self, job_dir: Path) -> None:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        self.path = job_dir / LOCK_NAME
+        self.handle = None
 
-    async def start(self):
-        for seed in self.spec.seeds:
-            yield scrapy.Request(seed, callback=self.parse, errback=self.on_error)
+    def acquire(self, wait_s: float) -> ShardLock:
+        self.handle = open(self.path, "a+")  # noqa: SIM115 - closed in release()
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    holder = self.path.read_text().strip() or "unknown"
+                    self.handle.close()
+                    raise RuntimeError(
+                        f"another crawler (pid {holder}) is still writing {self.path.parent.parent}; "
+                        "wait for it or kill it, then rerun"
+                    ) from None
+                time.sleep(0.2)
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(str(os.getpid()))
+        self.handle.flush()
+        return self
 
-    def parse(self, response: Response):
-        yield {"response": response}
-        if response.status != 200 or not hasattr(response, "css"):
-            return
-        for href in response.css("a::attr(href)").getall():
-            url = response.urljoin(href).split("#", 1)[0]
-            if urlsplit(url).netloc in self.allowed_hosts and url.startswith(("http://", "https://")):
-                yield scrapy.Request(url, callback=self.parse, errback=self.on_error)
+    def release(self) -> None:
+        if self.handle is not None and not self.handle.closed:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
 
-    def on_error(self, failure: Failure):
-        request = failure.request
-        yield {
-            "failure": type(failure.value).__name__,
-            "url": request.url,
-            "depth": request.meta.get("depth", 0),
-        }
+    def __enter__(self) -> ShardLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
-class WarcIndexPipeline:
-    """Writes each fetched response as WARC request+response records and one fetch-index row."""
+@dataclass
+class CrawlSession:
+    """The shard's state shared by the spider, the middlewares and the pipeline of one crawler process."""
 
-    def __init__(self, spec: CrawlSpec) -> None:
-        self.spec = spec
-        self.rows: list[dict] = []
-        self.warc_name = f"warc/{spec.shard}.warc.gz"
+    spec: CrawlSpec
+    state: JournalState
+    journal: Journal
+    warc: WarcStore
+    frontier: Frontier
+    attempt: int
+    stored: int = 0
+    failed: int = 0
+    fatal: BaseException | None = None
+
+    @classmethod
+    def open(cls, spec: CrawlSpec) -> CrawlSession:
+        output = Path(spec.output)
+        state = recover(spec.job_dir, output)
+        attempt = state.attempts + 1
+        journal = Journal(spec.job_dir)
+        journal.attempt(attempt, pid=os.getpid(), started=datetime.now(UTC).isoformat(timespec="seconds"))
+        warc = WarcStore(
+            output,
+            spec.shard,
+            attempt,
+            spec.warc_max_bytes,
+            info={
+                "software": "pretrain-pipeline crawler (Scrapy + warcio)",
+                "format": "WARC File Format 1.0",
+                "http-header-user-agent": str(spec.settings.get("USER_AGENT", "")),
+                "robots": "obey",
+                "isPartOf": spec.shard,
+            },
+        )
+        frontier = Frontier(spec.sites, spec.max_pages, spec.max_depth, journal, state)
+        return cls(spec, state, journal, warc, frontier, attempt)
+
+    def close(self) -> None:
+        self.warc.close()
+        self.journal.close()
+
+
+def _header_pairs(headers) -> list[tuple[str, str]]:
+    return [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, values in headers.items()
+        for value in values
+    ]
+
+
+class WarcJournalPipeline:
+    """Stores each page response as WARC records, then journals its outcome (one index row per URL)."""
+
+    def __init__(self, crawler) -> None:
+        self.crawler = crawler
 
     @classmethod
     def from_crawler(cls, crawler):
-        return cls(crawler.spider.spec)
+        return cls(crawler)
 
-    def open_spider(self, spider=None) -> None:
-        output = Path(self.spec.output)
-        (output / "warc").mkdir(parents=True, exist_ok=True)
-        (output / "index").mkdir(parents=True, exist_ok=True)
-        self.handle = open(output / self.warc_name, "wb")  # noqa: SIM115 - closed in close_spider
-        self.writer = WARCWriter(self.handle, gzip=True)
+    @property
+    def session(self) -> CrawlSession:
+        return self.crawler.spider.session
 
     def process_item(self, item, spider=None):
-        now = datetime.now(UTC)
-        if "failure" in item:
-            self.rows.append(
-                self._row(item["url"], item["depth"], None, None, 0, now, reason=item["failure"])
-            )
-            return item
-        response: Response = item["response"]
-        content_type = response.headers.get(b"Content-Type", b"").decode("latin-1") or None
-        offset = self.handle.tell()
-        self._write_records(response, now)
-        length = self.handle.tell() - offset
-        reason = None if response.status == 200 else f"http_{response.status}"
-        self.rows.append(
-            self._row(
-                response.url,
-                response.meta.get("depth", 0),
-                response.status,
-                content_type,
-                len(response.body),
-                now,
-                offset=offset,
-                warc_length=length,
-                reason=reason,
-            )
-        )
+        from scrapy.utils.defer import deferred_from_coro
+
+        try:
+            self._record(item)
+        except Exception as exc:
+            # Losing a record silently is worse than stopping: stop, exit non-zero, resume later.
+            self.session.fatal = exc
+            log.exception("cannot store a crawl record; stopping the crawl")
+            deferred_from_coro(self.crawler.engine.close_spider_async(reason="storage_error"))
+            raise
         return item
 
-    def _write_records(self, response: Response, when: datetime) -> None:
-        date = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-        # Scrapy hands us the decoded body, so the headers must not claim an encoding or length.
-        headers = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, values in response.headers.items()
-            if name.lower() not in _DROPPED_HEADERS
-            for value in values
-        ]
-        headers.append(("Content-Length", str(len(response.body))))
-        status_line = f"{response.status} {_reason_phrase(response.status)}"
-        http_headers = StatusAndHeaders(status_line, headers, protocol="HTTP/1.1")
-        record = self.writer.create_warc_record(
-            response.url,
-            "response",
-            payload=BytesIO(response.body),
-            http_headers=http_headers,
-            warc_headers_dict={"WARC-Date": date},
-        )
-        self.writer.write_record(record)
-        request = response.request
-        request_headers = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, values in request.headers.items()
-            for value in values
-        ]
-        path = urlsplit(request.url).path or "/"
-        request_record = self.writer.create_warc_record(
-            request.url,
-            "request",
-            payload=BytesIO(request.body or b""),
-            http_headers=StatusAndHeaders(
-                f"{request.method} {path} HTTP/1.1", request_headers, is_http_request=True
-            ),
-            warc_headers_dict={
-                "WARC-Date": date,
-                "WARC-Concurrent-To": record.rec_headers.get_header("WARC-Record-ID"),
-            },
-        )
-        self.writer.write_record(request_record)
-
-    def _row(
-        self,
-        url,
-        depth,
-        status,
-        content_type,
-        content_length,
-        when,
-        *,
-        offset=None,
-        warc_length=None,
-        reason=None,
-    ):
-        return {
+    def _record(self, item: dict[str, Any]) -> None:
+        session = self.session
+        response = item.get("response")
+        request = response.request if response is not None else item["request"]
+        meta = request.meta
+        now = datetime.now(UTC)
+        reason = item.get("failure_reason")
+        frontier_url = meta.get("frontier_url", request.url)
+        url = response.url if response is not None else request.url
+        row = {
             "url": url,
-            "domain": urlsplit(url).hostname,
-            "depth": depth,
-            "status": status,
-            "content_type": content_type,
-            "content_length": content_length,
-            "fetch_time": when,
-            "warc_file": self.warc_name if offset is not None else None,
-            "warc_offset": offset,
-            "warc_length": warc_length,
+            "original_url": frontier_url if frontier_url != url else None,
+            "domain": host_of(url),
+            "registered_domain": registered_domain(url),
+            "depth": meta.get("depth", 0),
+            "status": None,
+            "content_type": None,
+            "content_length": 0,
+            "fetch_time": now.isoformat(),
+            "warc_file": None,
+            "warc_offset": None,
+            "warc_length": None,
             "failure_reason": reason,
+            "redirects": len(meta.get("redirect_urls", ())),
+            "retries": meta.get("retry_times", 0),
+            "ip_address": None,
+            "shard": session.spec.shard,
         }
+        source = response if response is not None else item.get("partial")
+        if source is not None:
+            content_type = source.headers.get(b"Content-Type")
+            row["content_type"] = content_type.decode("latin-1") if content_type else None
+        end = None
+        if response is not None and item["kind"] == "page":
+            location = session.warc.write(
+                Exchange(
+                    url=response.url,
+                    status=response.status,
+                    headers=_header_pairs(response.headers),
+                    body=response.body,
+                    fetched_at=now,
+                    request_method=request.method,
+                    request_headers=_header_pairs(request.headers),
+                    request_body=request.body or b"",
+                    protocol=response.protocol or "HTTP/1.1",
+                    ip_address=str(response.ip_address) if response.ip_address else None,
+                )
+            )
+            row.update(
+                status=response.status,
+                content_length=len(response.body),
+                warc_file=location.warc_file,
+                warc_offset=location.offset,
+                warc_length=location.length,
+                ip_address=str(response.ip_address) if response.ip_address else None,
+            )
+            end = (location.warc_file, location.end)
+        elif response is not None:
+            row.update(status=response.status, content_length=len(response.body))
+        session.journal.done(meta["frontier_key"], item["kind"], row, end, item.get("links"))
+        if item["kind"] == "page":
+            if end is not None and reason is None:
+                session.stored += 1
+            elif reason is not None:
+                session.failed += 1
 
     def close_spider(self, spider=None) -> None:
-        self.handle.close()
-        table = pa.Table.from_pylist(self.rows, schema=INDEX_SCHEMA)
-        pq.write_table(table, Path(self.spec.output) / "index" / f"{self.spec.shard}.parquet")
+        self.session.close()
 
 
-def _reason_phrase(status: int) -> str:
-    from http import HTTPStatus
-
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-def scrapy_settings(spec: CrawlSpec) -> dict:
+def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
+    """Scrapy settings: the stage's (politeness, limits) on top of what this crawler's design needs."""
+    here = "pipeline.crawl.middlewares"
+    base = "scrapy.downloadermiddlewares"
     settings = {
         "ROBOTSTXT_OBEY": True,
-        "DEPTH_LIMIT": spec.max_depth,
-        "CLOSESPIDER_ITEMCOUNT": spec.max_pages,
-        "HTTPERROR_ALLOW_ALL": True,
+        "HTTPERROR_ALLOW_ALL": True,  # 404/500 pages reach the spider, are stored and counted
         "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
-        "ITEM_PIPELINES": {f"{__name__}.WarcIndexPipeline": 100},
-        "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+        "REMOTE_CONTROL_ENABLED": False,  # no listening port on a crawl worker
+        "STATS_DUMP": False,  # the stage records the stats in the manifest instead
+        "LOG_LEVEL": "INFO",
+        "LOGSTATS_INTERVAL": 0,
+        "TWISTED_DNS_RESOLVER": f"{here}.GuardedResolver",
+        "DUPEFILTER_CLASS": "scrapy.dupefilters.BaseDupeFilter",  # the Frontier de-duplicates
+        "DEPTH_LIMIT": 0,  # the Frontier limits depth, and counts what it skips
+        "DEPTH_PRIORITY": 0,
+        "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+        "URLLENGTH_LIMIT": 0,
+        "ITEM_PIPELINES": {"pipeline.crawl.crawler.WarcJournalPipeline": 100},
+        "EXTENSIONS": {f"{here}.ResponseLimits": 0, f"{here}.ProgressLog": 0},
+        "DOWNLOADER_MIDDLEWARES": {
+            f"{here}.AddressGuardMiddleware": 40,
+            f"{base}.robotstxt.RobotsTxtMiddleware": None,
+            f"{here}.RobotsPolicyMiddleware": 100,
+            f"{base}.retry.RetryMiddleware": None,
+            f"{here}.BackoffRetryMiddleware": 550,
+            f"{base}.redirect.MetaRefreshMiddleware": None,
+            f"{here}.FrontierMetaRefreshMiddleware": 580,
+            f"{base}.redirect.RedirectMiddleware": None,
+            f"{here}.FrontierRedirectMiddleware": 600,
+        },
+        "CRAWL_PROGRESS_INTERVAL": 10.0,
+        "CRAWL_RETRY_BACKOFF": 1.0,
+        "CRAWL_RETRY_BACKOFF_MAX": 60.0,
+        "CRAWL_SEED": 0,
+        "CRAWL_ALLOWED_CONTENT_TYPES": ["text/html", "application/xhtml+xml"],
+        "CRAWL_ALLOWED_PRIVATE_HOSTS": [],
+        "CRAWL_HOST_ADDRESSES": {},
     }
     settings.update(spec.settings)
     return settings
 
 
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Linux: SIGKILL this crawler when the stage process that started it dies, so no orphan keeps writing."""
+    if parent_pid is None:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crawl(spec: CrawlSpec) -> int:
+    from scrapy.crawler import CrawlerProcess
+
+    from pipeline.crawl.spiders import SeedSpider, SitemapCrawlSpider
+
+    process = CrawlerProcess(settings=scrapy_settings(spec))  # also sets up logging
+    for name in ("scrapy.middleware", "scrapy.utils.log", "scrapy.crawler", "scrapy.addons"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # start-up listings, not crawl news
+    lock = ShardLock(spec.job_dir).acquire(wait_s=30)
+    session = CrawlSession.open(spec)
+    if session.attempt > 1:
+        log.info("attempt %d of shard %s: resuming", session.attempt, spec.shard)
+    spider_class = SitemapCrawlSpider if spec.spider == "sitemap" else SeedSpider
+    crawler = process.create_crawler(spider_class)
+    process.crawl(crawler, session=session)
+    process.start()
+    session.close()  # idempotent; the pipeline closes it at spider close
+    stats = crawler.stats.get_stats()
+    finish_reason = stats.get("finish_reason")
+    (spec.job_dir / f"stats.a{session.attempt:03d}.json").write_text(
+        json.dumps({"finish_reason": finish_reason, "stats": stats}, default=str, sort_keys=True)
+    )
+    lock.release()
+    if session.fatal is not None or finish_reason != "finished":
+        log.error("crawl of %s did not finish (%s); rerun to resume it", spec.shard, finish_reason)
+        return 3
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m pipeline.crawl.crawler SPEC.json", file=sys.stderr)
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print(
+            "usage: python -m pipeline.crawl.crawler JOB/spec.json  (started by `pretrain crawl`)",
+            file=sys.stderr,
+        )
         return 2
     spec = CrawlSpec.read(argv[0])
-    process = CrawlerProcess(settings=scrapy_settings(spec))
-    process.crawl(SiteSpider, spec=spec)
-    process.start()
-    return 0
+    _die_with_parent(spec.parent_pid)
+    return crawl(spec)
 
 
 if __name__ == "__main__":
