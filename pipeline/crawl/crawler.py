@@ -270,6 +270,10 @@ def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
         "LOG_LEVEL": "INFO",
         "LOGSTATS_INTERVAL": 0,
         "TWISTED_DNS_RESOLVER": f"{here}.GuardedResolver",
+        # Scrapy 2.19's downloader, under the default asyncio reactor, starts every queued request of a slot
+        # at once (the transfer is registered only when the scheduled task first runs), so
+        # CONCURRENT_REQUESTS_PER_DOMAIN is not enforced. Under the epoll reactor it is.
+        "TWISTED_REACTOR": "twisted.internet.epollreactor.EPollReactor",
         "DUPEFILTER_CLASS": "scrapy.dupefilters.BaseDupeFilter",  # the Frontier de-duplicates
         "DEPTH_LIMIT": 0,  # the Frontier limits depth, and counts what it skips
         "DEPTH_PRIORITY": 0,

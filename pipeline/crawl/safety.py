@@ -41,6 +41,8 @@ def address_category(ip: IPAddress) -> str | None:
     for category in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
         if getattr(ip, f"is_{category}"):
             return category
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:  # deprecated fec0::/10, still not public
+        return "site_local"
     if not ip.is_global:  # shared address space (100.64/10) and the like
         return "non_global"
     return None

@@ -122,6 +122,9 @@ class TestSite:
         self.host = host
         self.internal_url = internal_url  # where /to-internal redirects
         self.hits: Counter[str] = Counter()
+        self.hits_by_host: Counter[str] = Counter()  # the Host header: which name the crawler connected for
+        self.in_flight = 0
+        self.max_in_flight = 0  # most requests served at once: what per-site concurrency limits
         self.bytes_sent = 0
         self.gate = threading.Event()
         self._lock = threading.Lock()
@@ -168,6 +171,16 @@ class TestSite:
     def release(self) -> None:
         """Let requests held by ``gate_after`` through."""
         self.gate.set()
+
+    def hold_after(self, page_hits: int) -> None:
+        """Hold every /page/ request once the site has served ``page_hits`` of them, until release()."""
+        with self._lock:
+            self.gate_after = page_hits
+            self.gate.clear()
+
+    def page_hits(self) -> int:
+        with self._lock:
+            return sum(count for name, count in self.hits.items() if name.startswith("/page/"))
 
     # -- content -----------------------------------------------------------------------------------
 
@@ -251,8 +264,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         with site._lock:
             site.hits[path] += 1
+            site.hits_by_host[(self.headers.get("Host") or "").rsplit(":", 1)[0]] += 1
             hits = site.hits[path]
             page_hits = sum(count for name, count in site.hits.items() if name.startswith("/page/"))
+            # /slow.html keeps sleeping after the crawler gave up on it: not a request the crawler has open
+            counted = path != "/slow.html"
+            site.in_flight += counted
+            site.max_in_flight = max(site.max_in_flight, site.in_flight)
         try:
             if path.startswith("/page/"):
                 if site.gate_after is not None and page_hits > site.gate_after:
@@ -278,6 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._bad_case(path, hits)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the crawler gave up on us (timeouts, stopped downloads): that is the point
+        finally:
+            with site._lock:
+                site.in_flight -= counted
 
     def _bad_case(self, path: str, hits: int) -> None:
         site = self.site
@@ -382,3 +403,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # socketserver's default of 5 drops SYNs when a crawler opens many connections
+
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a killed crawler resets its connections
+            super().handle_error(request, client_address)

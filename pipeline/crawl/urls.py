@@ -69,8 +69,9 @@ def fetchable_url(url: str) -> str:
 def _extractor():
     import tldextract
 
-    # The bundled public-suffix snapshot: no network access, same answer on every worker.
-    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+    # The bundled public-suffix snapshot: no network access, same answer on every worker. Private suffixes
+    # (github.io, blogspot.com) count, so each user site there is its own site, crawled politely on its own.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, include_psl_private_domains=True)
 
 
 def host_of(url: str) -> str:
