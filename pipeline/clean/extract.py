@@ -32,7 +32,10 @@ _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codec
 # What browsers do (WHATWG Encoding): these labels all mean windows-1252.
 _WHATWG_ALIASES = {"ascii": "cp1252", "latin_1": "cp1252", "iso8859_1": "cp1252"}
 _HIGH_BYTES = bytes(range(0x80, 0x100))
-_LIKELY_LEGACY = "cp1252"  # the most common legacy web charset: preferred among near-equal detections
+_LIKELY_LEGACY = "cp1252"  # the most common legacy web charset
+# charset_normalizer's mess ratio of a decoding: right Latin texts stay below ~0.2, a wrong script
+# (Cyrillic or Greek bytes read as cp1252) scores 0.6 and more.
+GARBAGE = 0.4
 
 
 def read_warc_payload(path: Path, offset: int) -> bytes:
@@ -81,18 +84,21 @@ class DecodedHtml:
 
 
 def _legacy_guess(payload: bytes) -> tuple[str, float]:
-    """(codec, garbage ratio) for bytes that are not UTF-8: cp1252 unless detection reads clearly better.
+    """(codec, garbage ratio) for bytes that are not UTF-8: cp1252 unless it reads as garbage.
 
-    Charset detection on a short Latin text often prefers a rare code page (cp1257, cp1006) that turns
-    "crème" into "crčme"; cp1252 is by far the most common legacy web charset, so it wins near-ties.
+    cp1252 is by far the most common legacy web charset, and charset detection on a short Latin text
+    often prefers a rare code page (cp1257 turns "déjà" into "déją"); so detection is only asked when
+    cp1252 clearly fails, as it does for Cyrillic, Greek or Central European bytes.
     """
     from charset_normalizer import from_bytes
     from charset_normalizer.md import mess_ratio
 
     legacy = mess_ratio(payload.decode(_LIKELY_LEGACY, errors="replace"), maximum_threshold=1.0)
+    if legacy < GARBAGE:
+        return _LIKELY_LEGACY, legacy
     best = from_bytes(payload).best()
     detected = codec_name(best.encoding) if best is not None else None
-    if detected is None or detected == _LIKELY_LEGACY or legacy <= best.chaos + 0.1:
+    if detected is None or best.chaos >= legacy:
         return _LIKELY_LEGACY, legacy
     return detected, best.chaos
 
@@ -131,7 +137,7 @@ def decode_html_detailed(payload: bytes, content_type: str | None) -> DecodedHtm
             text = payload.decode(declared)
             from charset_normalizer.md import mess_ratio
 
-            if mess_ratio(text, maximum_threshold=1.0) <= 0.2:
+            if mess_ratio(text, maximum_threshold=1.0) < GARBAGE:
                 return result(text, declared)
             guess = _legacy_guess(payload)
             if guess[0] == declared or guess[1] >= mess_ratio(text, maximum_threshold=1.0):

@@ -58,6 +58,7 @@ RUSSIAN = [
     "погода",
 ]
 GREEK = ["Καλημέρα", "κόσμε", "αυτό", "είναι", "ένα", "απλό", "κείμενο", "για", "δοκιμή", "της", "ανίχνευσης"]
+POLISH = "Zażółć gęślą jaźń to przykład polskiego tekstu, źródło z Łodzi, który ma sporo znaków."
 CHINESE = ["茶起源于中国", "已有数千年的历史", "不同地区的茶有不同的风味", "今天很多人仍然喜欢泡茶"]
 
 
@@ -107,6 +108,8 @@ def test_a_correct_declaration_is_kept(text):
         (" ".join(GREEK), "cp1253", "text/html; charset=windows-1253", None),
         (" ".join(GREEK), "cp1253", None, "detected"),
         (" ".join(CHINESE), "gb18030", "text/html; charset=gb2312", None),
+        (POLISH, "cp1250", None, "detected"),
+        (POLISH, "cp1250", "text/html; charset=iso-8859-1", "declared_mismatch"),
         (" ".join(FRENCH), "cp1252", "text/html; charset=no-such-charset", "declared_unknown"),
     ],
 )

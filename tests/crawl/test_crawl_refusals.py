@@ -1,0 +1,50 @@
+"""The private-address refusal in a real crawl: after DNS resolution, for seeds and for redirects."""
+
+import pytest
+
+from pipeline.core.storage import DatasetRef
+from pipeline.crawl import stage
+from pipeline.crawl.testsite import TestSite
+from tests.conftest import make_config
+from tests.crawl.support import path_of, read_index, row_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_loopback_and_private_addresses_are_refused_unless_allow_listed(tmp_path):
+    with TestSite(pages=3, slow_s=0.1, big_bytes=1000) as site:
+        # www.example.com stands for a public site; it is pinned to the test server and allow-listed by name.
+        # internal.example.com is the same site's host that resolves into a private network.
+        site.internal_url = f"http://internal.example.com:{site.port}/admin"
+        seeds = [
+            site.url("/index.html", host="www.example.com"),
+            site.url("/page/1.html", host="localhost"),  # resolves to 127.0.0.1 by the system resolver
+            site.url("/page/2.html"),  # 127.0.0.1 itself
+        ]
+        config = make_config(
+            tmp_path,
+            f"crawl.seeds=[{', '.join(seeds)}]",
+            "crawl.allowed_private_hosts=[www.example.com]",
+            "crawl.host_addresses={www.example.com: 127.0.0.1, internal.example.com: 10.0.0.7}",
+            "crawl.download_delay=0",
+            "crawl.autothrottle=false",
+            "crawl.retry_times=0",
+        )
+        manifest = stage.run(config, [], DatasetRef.of(config, "crawl", "refusals"))
+        rows = read_index(manifest.path)
+
+        assert site.hits_by_host["localhost"] == 0 and site.hits_by_host["127.0.0.1"] == 0, "never connected"
+        assert site.hits_by_host["www.example.com"] > 10, "the allow-listed site was crawled"
+    by_host = {(row["domain"], path_of(row["url"])): row for row in rows}
+    assert by_host["localhost", "/page/1.html"]["failure_reason"] == "refused_private_address"
+    assert by_host["127.0.0.1", "/page/2.html"]["failure_reason"] == "refused_private_address"
+    site_rows = [row for row in rows if row["registered_domain"] == "example.com"]
+    internal = row_for(site_rows, "/to-internal")
+    assert internal["failure_reason"] == "refused_private_address", (
+        "a redirect to a private address is refused"
+    )
+    assert path_of(internal["url"]) == "/admin" and internal["status"] is None
+    assert row_for(site_rows, "/to-metadata")["failure_reason"] == "redirect_off_site"
+    assert row_for(site_rows, "/page/0.html")["status"] == 200
+    assert manifest.counters["by_reason"]["refused_private_address"] == 3
+    assert manifest.counters["by_domain"]["localhost"]["by_reason"] == {"refused_private_address": 1}
