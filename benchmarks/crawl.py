@@ -104,16 +104,23 @@ def crawl_once(
 def where_time_goes(profile: Path, top: int = 12) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     stats = pstats.Stats(str(profile))
     total = sum(entry[2] for entry in stats.stats.values())  # own time of every function
+
+    def bucket_of(filename: str, line: int, name: str) -> str:
+        where = f"{filename}:{line}({name})"
+        return next((label for label, keys in BUCKETS if any(key in where for key in keys)), "other")
+
     buckets: dict[str, float] = {}
     functions = []
-    for (filename, line, name), (_, _, own, _, _) in stats.stats.items():
-        where = f"{filename}:{line}({name})"
-        bucket = next(
-            (label for label, keys in BUCKETS if any(key in where for key in keys)),
-            "other",
-        )
-        buckets[bucket] = buckets.get(bucket, 0.0) + own
-        functions.append((where.replace(str(Path(sys.prefix)), "<venv>"), own))
+    for (filename, line, name), (_, _, own, _, callers) in stats.stats.items():
+        functions.append((f"{filename}:{line}({name})".replace(str(Path(sys.prefix)), "<venv>"), own))
+        if filename == "~" and callers:  # a C builtin (zlib.compress, socket.send): charge whoever called it
+            called = sum(entry[2] for entry in callers.values()) or 1.0
+            for caller, entry in callers.items():
+                label = bucket_of(*caller)
+                buckets[label] = buckets.get(label, 0.0) + own * entry[2] / called
+        else:
+            label = bucket_of(filename, line, name)
+            buckets[label] = buckets.get(label, 0.0) + own
     shares = sorted(
         ((label, seconds / total) for label, seconds in buckets.items()), key=lambda item: -item[1]
     )
