@@ -129,6 +129,10 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
 
     _DISALLOW_ALL = b"User-agent: *\nDisallow: /\n"
 
+    def __init__(self, crawler) -> None:
+        super().__init__(crawler)
+        self._unavailable: dict[str, int] = {}  # netloc -> the status its robots.txt answered
+
     def process_request_2(self, rp, request) -> None:
         netloc = urlparse_cached(request).netloc
         if netloc in self._unavailable:
@@ -139,12 +143,6 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
             super().process_request_2(rp, request)
         except IgnoreRequest:
             raise CrawlRefusal("robots_disallowed", request.url) from None
-
-    @property
-    def _unavailable(self) -> dict[str, int]:
-        if not hasattr(self, "_unavailable_statuses"):
-            self._unavailable_statuses: dict[str, int] = {}
-        return self._unavailable_statuses
 
     async def _parse_robots(self, response, netloc, request) -> None:
         if response.status >= 500 or response.status == 429:

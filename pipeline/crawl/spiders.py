@@ -24,6 +24,7 @@ from scrapy.exceptions import (
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import IGNORED_EXTENSIONS, LinkExtractor
 from scrapy.spiders import SitemapSpider
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.url import url_has_any_extension
 from twisted.internet.error import TimeoutError as TxTimeoutError
 from twisted.python.failure import Failure
@@ -48,7 +49,7 @@ def failure_reason(exc: BaseException, request: scrapy.Request | None = None) ->
     if isinstance(exc, DownloadTimeoutError | TxTimeoutError):
         return "timeout"
     if isinstance(exc, CannotResolveHostError):
-        host = request is not None and scrapy.utils.httpobj.urlparse_cached(request).hostname
+        host = urlparse_cached(request).hostname if request is not None else None
         return REFUSED_REASON if host in REFUSED_HOSTS else "dns_error"
     if isinstance(exc, DownloadConnectionRefusedError):
         return "connection_refused"
