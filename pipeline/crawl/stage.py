@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from pipeline.crawl.index import INDEX_SCHEMA, add_counts, crawl_counters, index
 from pipeline.crawl.journal import JournalState, read_journal
 from pipeline.crawl.sharding import shard_name, shard_of, shard_ref, split_seeds
 from pipeline.crawl.site_server import serve_folder
+from pipeline.crawl.urls import host_of, registered_domain
 
 log = logging.getLogger(__name__)
 STAGE = "crawl"
@@ -91,16 +93,12 @@ def _sample_site(previous: CrawlSpec | None):
         sample = [seed for seed in previous.seeds if seed.startswith(f"http://{SAMPLE_HOST}:")]
         if sample:
             port = int(sample[0].split(":")[2].split("/")[0])
-    try:
-        server = serve_folder(port=port)
-        base_url = server.__enter__()
-    except OSError:
-        server = serve_folder()
-        base_url = server.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            base_url = stack.enter_context(serve_folder(port=port))
+        except OSError:  # taken by now: a fresh port, and the unfinished crawl starts over
+            base_url = stack.enter_context(serve_folder())
         yield base_url
-    finally:
-        server.__exit__(None, None, None)
 
 
 def check_index(table: pa.Table, folder: Path) -> None:
@@ -121,6 +119,31 @@ def check_index(table: pa.Table, folder: Path) -> None:
             sizes[warc_file] = path.stat().st_size if path.is_file() else -1
         if offset + length > sizes[warc_file]:
             raise RuntimeError(f"{folder}: index row points past the end of {warc_file}; not publishing")
+
+
+def _never_finished(state: JournalState, shard: str) -> list[dict[str, Any]]:
+    """Rows for URLs queued but without an outcome after a finished crawl: none unless Scrapy dropped a
+    request without calling its errback; listed with a reason rather than lost."""
+    rows = []
+    for entry in state.pending():
+        if entry.kind != "page":
+            continue
+        log.warning("%s: %s was queued but never finished", shard, entry.url)
+        rows.append(
+            {
+                "url": entry.url,
+                "domain": host_of(entry.url),
+                "registered_domain": registered_domain(entry.url),
+                "depth": entry.depth,
+                "content_length": 0,
+                "fetch_time": datetime.now(UTC),
+                "failure_reason": "not_fetched",
+                "redirects": 0,
+                "retries": 0,
+                "shard": shard,
+            }
+        )
+    return rows
 
 
 def _journal_counters(state: JournalState) -> dict[str, Any]:
@@ -188,7 +211,7 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
             log.info("%s: no seed belongs to this shard; publishing an empty index", name)
         lock.acquire(wait_s=LOCK_WAIT_S)
         state = read_journal(job)
-        table = index_table(state.rows("page"))
+        table = index_table([*state.rows("page"), *_never_finished(state, name)])
         check_index(table, out.path)
         write_index(table, out.path / "index" / f"{name}.parquet")
         counters = {**crawl_counters(table), **_journal_counters(state), "shards": 1}

@@ -121,3 +121,17 @@ def test_counters_match_a_recount(seed, tmp_path):
             check_index(table, tmp_path)
     with pytest.raises(RuntimeError, match="twice"):
         check_index(index_table([*rows, rows[0]]), tmp_path)
+
+
+def test_a_url_queued_but_never_finished_is_listed_not_lost():
+    from pipeline.crawl.journal import Entry, JournalState
+    from pipeline.crawl.stage import _never_finished
+
+    state = JournalState()
+    for key in ("http://a.example/1", "http://a.example/2", "http://a.example/map.xml"):
+        state.apply(Entry(key, key, 1, "sitemap" if key.endswith(".xml") else "page").to_event())
+    state.apply({"e": "done", "k": "http://a.example/1", "kind": "page", "row": {}, "end": None})
+    rows = index_table(_never_finished(state, "shard-00000-of-00001")).to_pylist()
+    assert [(row["url"], row["failure_reason"], row["status"]) for row in rows] == [
+        ("http://a.example/2", "not_fetched", None)
+    ]
