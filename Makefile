@@ -19,7 +19,7 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock setup.cfg pyproject.toml
+$(STAMP): requirements.lock setup.cfg pyproject.toml setup.py $(wildcard cuda_ext/csrc/*)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock

@@ -99,6 +99,9 @@ class BuildExt(build_ext):
     """Compiles the .cu sources with nvcc (in parallel), then links them into the pybind11 module."""
 
     def build_extensions(self) -> None:
+        # Always rebuild: setuptools' timestamp check would keep a CPU-only module after PRETRAIN_BUILD_CUDA
+        # changes, and the whole build takes seconds.
+        self.force = True
         for ext in self.extensions:
             cuda_sources = getattr(ext, "cuda_sources", [])
             if cuda_sources:

@@ -8,6 +8,7 @@ with torch (on the input's device, through its caching allocator) and CUDA kerne
 from __future__ import annotations
 
 import contextlib
+import itertools
 from types import ModuleType
 
 import torch
@@ -108,6 +109,13 @@ def _address(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
 
+def _int32_views(device: torch.device, sizes: list[int]) -> list[torch.Tensor]:
+    padded = [-(-size // 16) * 16 for size in sizes]
+    storage = torch.empty(sum(padded), dtype=torch.int32, device=device)
+    starts = [0, *itertools.accumulate(padded)]
+    return [storage[start : start + size] for start, size in zip(starts, sizes, strict=False)]
+
+
 def route_forward(
     logits: torch.Tensor, top_k: int, capacity: int | None, score: str
 ) -> tuple[torch.Tensor, ...]:
@@ -129,14 +137,14 @@ def route_forward(
         )
     # A capacity below zero admits nothing, as in the reference; None is unlimited (-1 for the kernels).
     cap = -1 if capacity is None else max(int(capacity), 0)
-    int32 = dict(dtype=torch.int32, device=device)
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=device)
-    ids = torch.empty(num_tokens, top_k, **int32)
     dropped = torch.empty(num_tokens, top_k, dtype=torch.bool, device=device)
-    counts = torch.empty(num_experts, **int32)
-    offsets = torch.empty(num_experts + 1, **int32)
-    source_index = torch.empty(num_tokens * top_k, **int32)
-    position = torch.empty(num_tokens, top_k, **int32)
+    # The int32 outputs share one allocation (fewer allocator calls per route), each view 64-byte aligned.
+    assignments = num_tokens * top_k
+    ids, position, source_index, counts, offsets = _int32_views(
+        device, [assignments, assignments, assignments, num_experts, num_experts + 1]
+    )
+    ids, position = ids.view(num_tokens, top_k), position.view(num_tokens, top_k)
     buffers = [weights, ids, dropped, counts, offsets, source_index, position]
     args = (
         logits.data_ptr(),

@@ -29,7 +29,6 @@ PYBIND11_MODULE(_C, m) {
   using pybind11::arg;
   const auto release = py::call_guard<py::gil_scoped_release>();
 
-  m.attr("ROUTE_CHUNK") = pp::kRouteChunk;
   m.attr("MAX_CUDA_EXPERTS") = pp::kMaxCudaExperts;
 #ifdef PRETRAIN_WITH_CUDA
   m.attr("WITH_CUDA") = true;

@@ -48,8 +48,10 @@ PP_HD bool ranks_before(float score_a, int id_a, float score_b, int id_b) {
   return score_a > score_b || (score_a == score_b && id_a < id_b);
 }
 
-// Tokens per chunk in the CUDA routing kernels (one warp walks one chunk in token order).
-constexpr int kRouteChunk = 256;
+// Tokens per chunk in the CUDA routing kernels (one warp walks one chunk in token order): a power of two
+// between these bounds, chosen per call (routing_cuda.cu, route_chunk).
+constexpr int kMinRouteChunk = 64;
+constexpr int kMaxRouteChunk = 1 << 20;
 // The CUDA routing kernels keep per-expert state in shared memory, which bounds the expert count.
 constexpr int kMaxCudaExperts = 4096;
 

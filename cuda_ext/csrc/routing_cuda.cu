@@ -97,18 +97,19 @@ __global__ void route_topk_kernel(const T* logits, int64_t num_tokens, int num_e
   }
 }
 
-// Per-chunk expert histograms, one warp per chunk of kRouteChunk tokens.
+// Per-chunk expert histograms, one warp per chunk of `chunk` tokens.
 //   per_choice: hist[(j * chunks + c) * E + e] = tokens of chunk c whose choice j is e (admission order);
 //   otherwise:  hist[c * E + e] = kept assignments of chunk c to e (dropped may be null: none dropped).
 __global__ void chunk_histogram_kernel(const int32_t* ids, const uint8_t* dropped, int64_t num_tokens,
-                                       int num_experts, int k, int64_t chunks, bool per_choice, int32_t* hist) {
+                                       int num_experts, int k, int chunk, int64_t chunks, bool per_choice,
+                                       int32_t* hist) {
   extern __shared__ int32_t hist_smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
   if (c >= chunks) return;
   int32_t* count = hist_smem + static_cast<int64_t>(warp) * num_experts;
-  const int64_t t0 = c * kRouteChunk;
-  const int64_t t1 = min(num_tokens, t0 + kRouteChunk);
+  const int64_t t0 = c * chunk;
+  const int64_t t1 = min(num_tokens, t0 + chunk);
   const int rounds = per_choice ? k : 1;
   for (int r = 0; r < rounds; ++r) {
     for (int e = lane; e < num_experts; e += 32) count[e] = 0;
@@ -152,7 +153,7 @@ __device__ int32_t block_inclusive_scan(int32_t x, int32_t* warp_sums, int32_t* 
   return result;
 }
 
-constexpr int kScanThreads = 256;
+constexpr int kScanThreads = 1024;
 
 // In-place exclusive scan down each column of a row-major [rows, cols] matrix, one block per column;
 // totals[col] (if given) receives the column sum.
@@ -190,7 +191,7 @@ __global__ void offsets_kernel(const int32_t* counts, int num_experts, int32_t* 
 // assignments to its expert in (j, t) order: the scanned histogram gives everything before this chunk,
 // the cursor plus the lower-lane bitmask gives the rest.
 __global__ void admission_kernel(const int32_t* ids, const int32_t* base, int64_t num_tokens, int num_experts,
-                                 int k, int64_t chunks, int64_t capacity, uint8_t* dropped) {
+                                 int k, int chunk, int64_t chunks, int64_t capacity, uint8_t* dropped) {
   extern __shared__ int32_t admit_smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
@@ -198,8 +199,8 @@ __global__ void admission_kernel(const int32_t* ids, const int32_t* base, int64_
   int32_t* cursor = admit_smem + static_cast<int64_t>(warp) * 2 * num_experts;
   unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);
   const unsigned lower_lanes = (1u << lane) - 1u;
-  const int64_t t0 = c * kRouteChunk;
-  const int64_t t1 = min(num_tokens, t0 + kRouteChunk);
+  const int64_t t0 = c * chunk;
+  const int64_t t1 = min(num_tokens, t0 + chunk);
   for (int e = lane; e < num_experts; e += 32) lanes_of[e] = 0u;
   for (int j = 0; j < k; ++j) {
     const int32_t* before = base + (static_cast<int64_t>(j) * chunks + c) * num_experts;
@@ -227,8 +228,8 @@ __global__ void admission_kernel(const int32_t* ids, const int32_t* base, int64_
 // token sends at most one assignment to an expert, so a kept (t, j) lands at
 // offsets[e] + kept tokens of earlier chunks (scanned histogram) + earlier tokens of this chunk.
 __global__ void group_kernel(const int32_t* ids, const uint8_t* dropped, const int32_t* base,
-                             const int32_t* offsets, int64_t num_tokens, int num_experts, int k, int64_t chunks,
-                             int32_t* source_index, int32_t* position) {
+                             const int32_t* offsets, int64_t num_tokens, int num_experts, int k, int chunk,
+                             int64_t chunks, int32_t* source_index, int32_t* position) {
   extern __shared__ int32_t group_smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
@@ -236,8 +237,8 @@ __global__ void group_kernel(const int32_t* ids, const uint8_t* dropped, const i
   int32_t* cursor = group_smem + static_cast<int64_t>(warp) * 2 * num_experts;
   unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);
   const unsigned lower_lanes = (1u << lane) - 1u;
-  const int64_t t0 = c * kRouteChunk;
-  const int64_t t1 = min(num_tokens, t0 + kRouteChunk);
+  const int64_t t0 = c * chunk;
+  const int64_t t1 = min(num_tokens, t0 + chunk);
   for (int e = lane; e < num_experts; e += 32) {
     cursor[e] = offsets[e] + base[c * num_experts + e];
     lanes_of[e] = 0u;
@@ -426,13 +427,24 @@ void check_shapes(int64_t num_tokens, int64_t num_experts, int64_t k) {
   }
 }
 
-int64_t route_chunks(int64_t num_tokens) { return (num_tokens + kRouteChunk - 1) / kRouteChunk; }
+// Tokens per chunk: small chunks give more warps to the sequential walks, but every chunk adds (k + 1) * E
+// histogram entries to the workspace and to the column scans, so chunks grow until that stays below 4M entries.
+int route_chunk(int64_t num_tokens, int64_t num_experts, int64_t k) {
+  int chunk = kMinRouteChunk;
+  while (chunk < kMaxRouteChunk && (k + 1) * ((num_tokens + chunk - 1) / chunk) * num_experts > (int64_t{1} << 22)) {
+    chunk *= 2;
+  }
+  return chunk;
+}
+
+int64_t route_chunks(int64_t num_tokens, int chunk) { return (num_tokens + chunk - 1) / chunk; }
 
 }  // namespace
 
 size_t route_workspace_bytes(int64_t num_tokens, int64_t num_experts, int64_t k) {
   // [k * chunks, E] admission histogram, then [chunks, E] kept histogram.
-  return static_cast<size_t>((k + 1) * route_chunks(num_tokens) * num_experts) * sizeof(int32_t);
+  const int64_t chunks = route_chunks(num_tokens, route_chunk(num_tokens, num_experts, k));
+  return static_cast<size_t>((k + 1) * chunks * num_experts) * sizeof(int32_t);
 }
 
 void route_forward(const void* logits, int dtype, int64_t num_tokens, int64_t num_experts, int64_t k,
@@ -450,7 +462,8 @@ void route_forward(const void* logits, int dtype, int64_t num_tokens, int64_t nu
     PP_CUDA_CHECK(cudaMemsetAsync(offsets, 0, (num_experts + 1) * sizeof(int32_t), stream));
     return;
   }
-  const int64_t chunks = route_chunks(num_tokens);
+  const int chunk = route_chunk(num_tokens, num_experts, k);
+  const int64_t chunks = route_chunks(num_tokens, chunk);
   int32_t* admission_hist = static_cast<int32_t*>(workspace);
   int32_t* kept_hist = admission_hist + k * chunks * num_experts;
 
@@ -471,25 +484,25 @@ void route_forward(const void* logits, int dtype, int64_t num_tokens, int64_t nu
   const size_t walk_smem = static_cast<size_t>(walk_warps) * 2 * num_experts * sizeof(int32_t);
   if (capacity >= 0) {
     chunk_histogram_kernel<<<ceil_div(chunks, hist_warps), hist_warps * 32, hist_smem, stream>>>(
-        ids, nullptr, num_tokens, E, K, chunks, true, admission_hist);
+        ids, nullptr, num_tokens, E, K, chunk, chunks, true, admission_hist);
     PP_CUDA_CHECK(cudaGetLastError());
     scan_columns_kernel<<<E, kScanThreads, 0, stream>>>(admission_hist, k * chunks, E, nullptr);
     PP_CUDA_CHECK(cudaGetLastError());
     admission_kernel<<<ceil_div(chunks, walk_warps), walk_warps * 32, walk_smem, stream>>>(
-        ids, admission_hist, num_tokens, E, K, chunks, capacity, dropped);
+        ids, admission_hist, num_tokens, E, K, chunk, chunks, capacity, dropped);
     PP_CUDA_CHECK(cudaGetLastError());
   } else {
     PP_CUDA_CHECK(cudaMemsetAsync(dropped, 0, num_tokens * k, stream));
   }
   chunk_histogram_kernel<<<ceil_div(chunks, hist_warps), hist_warps * 32, hist_smem, stream>>>(
-      ids, dropped, num_tokens, E, K, chunks, false, kept_hist);
+      ids, dropped, num_tokens, E, K, chunk, chunks, false, kept_hist);
   PP_CUDA_CHECK(cudaGetLastError());
   scan_columns_kernel<<<E, kScanThreads, 0, stream>>>(kept_hist, chunks, E, counts);
   PP_CUDA_CHECK(cudaGetLastError());
   offsets_kernel<<<1, 1024, 0, stream>>>(counts, E, offsets);
   PP_CUDA_CHECK(cudaGetLastError());
   group_kernel<<<ceil_div(chunks, walk_warps), walk_warps * 32, walk_smem, stream>>>(
-      ids, dropped, kept_hist, offsets, num_tokens, E, K, chunks, source_index, position);
+      ids, dropped, kept_hist, offsets, num_tokens, E, K, chunk, chunks, source_index, position);
   PP_CUDA_CHECK(cudaGetLastError());
 }
 
