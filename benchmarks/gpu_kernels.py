@@ -10,7 +10,8 @@ Steps:
             PyTorch reference (ids, counts, offsets, permutation exactly); MoE layer gradients close.
 3. time   - CUDA events, medians: GEMM TFLOP/s vs torch.matmul (cuBLAS) at 4096^3 and 8192^3 bf16; routing
             (route forward, capacity factor 1.25) vs the unfused PyTorch reference for T in {1k, 16k, 128k},
-            E in {8, 64}, k in {2, 8}; an MoE layer forward + backward with and without the extension.
+            E in {8, 64}, k in {2, 8}; the model's MoE layer (pipeline.model.gpt.MoE) forward + backward
+            with the extension and with the PyTorch reference routing.
 
 Prints a table, writes everything to benchmarks/out/gpu_kernels.json, and ends with one JSON line:
 {"gemm_frac_of_cublas_8192": ..., "routing_speedup_t16k": ...} (geometric mean over E and k at T = 16k).
@@ -207,28 +208,40 @@ def time_routing(device: str) -> list[dict]:
 
 
 def time_moe_layer(device: str) -> list[dict]:
-    from cuda_ext import moe_routing
-    from pipeline.model import routing as reference
+    """The model's MoE layer (pipeline.model.gpt.MoE), forward + backward, with each routing backend."""
+    from pipeline.model.config import GPTConfig
+    from pipeline.model.gpt import MoE
 
     if device == "cuda":
         tokens, hidden, ffn, experts, k, dtype = 16384, 1024, 2816, 8, 2, torch.bfloat16
     else:
         tokens, hidden, ffn, experts, k, dtype = 1024, 64, 128, 8, 2, torch.float32
     rows = []
-    for name, ops in (("pytorch", reference), ("cuda_ext", moe_routing)):
+    for fused in (False, True):
+        config = GPTConfig(
+            hidden_size=hidden,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            num_experts=experts,
+            moe_top_k=k,
+            moe_intermediate_size=ffn,
+            moe_capacity_factor=CAPACITY_FACTOR,
+            moe_fused_routing=fused,
+        )
         torch.manual_seed(2)
-        layer = MoELayer(ops, hidden, ffn, experts, k, dtype, device)
+        layer = MoE(config).to(device=device, dtype=dtype)
         x = torch.randn(tokens, hidden, dtype=dtype, device=device, requires_grad=True)
 
         def step(layer=layer, x=x):
             layer.zero_grad(set_to_none=True)
             x.grad = None
-            layer(x).float().square().mean().backward()
+            out, aux_loss, z_loss = layer(x)
+            (out.float().square().mean() + aux_loss + z_loss).backward()
 
         ms = median_ms(step, device, warmup=2, reps=10 if device == "cuda" else 3)
         rows.append(
             {
-                "routing": name,
+                "routing": layer.ops.name,
                 "tokens": tokens,
                 "hidden": hidden,
                 "experts": experts,
