@@ -105,6 +105,15 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _run(kind: str, kernel: str, args: tuple, device: torch.device) -> object:
+    """Calls ``<kernel>_cpu(*args)``, or ``<kernel>_cuda(*args, stream)`` on the device's current stream."""
+    lib = native()
+    if kind == "cpu":
+        return getattr(lib, f"{kernel}_cpu")(*args)
+    with _launch_context(device):
+        return getattr(lib, f"{kernel}_cuda")(*args, _stream(device))
+
+
 def _address(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
@@ -185,7 +194,7 @@ def route_backward(
         raise ValueError(
             f"ids {tuple(ids.shape)} and grad_weights {tuple(grad_weights.shape)} must be [T, k]"
         )
-    lib, kind = native(), backend(device)
+    kind = backend(device)
     grad_logits = torch.empty_like(logits)
     args = (
         logits.data_ptr(),
@@ -198,11 +207,7 @@ def route_backward(
         grad_weights.data_ptr(),
         grad_logits.data_ptr(),
     )
-    if kind == "cpu":
-        lib.route_backward_cpu(*args)
-    elif num_tokens:
-        with _launch_context(device):
-            lib.route_backward_cuda(*args, _stream(device))
+    _run(kind, "route_backward", args, device)
     return grad_logits
 
 
@@ -211,15 +216,11 @@ def permute_rows(hidden: torch.Tensor, source_index: torch.Tensor, top_k: int) -
     check_tensor(hidden, "hidden", dtypes=FLOAT_DTYPES, ndim=2)
     device = hidden.device
     check_tensor(source_index, "source_index", dtypes=(torch.int32,), ndim=1, device=device)
-    lib, kind = native(), backend(device)
+    kind = backend(device)
     out = torch.empty(source_index.shape[0], hidden.shape[1], dtype=hidden.dtype, device=device)
     row_bytes = hidden.shape[1] * hidden.element_size()
     args = (hidden.data_ptr(), out.data_ptr(), source_index.data_ptr(), out.shape[0], top_k, row_bytes)
-    if kind == "cpu":
-        lib.permute_cpu(*args)
-    else:
-        with _launch_context(device):
-            lib.permute_cuda(*args, _stream(device))
+    _run(kind, "permute", args, device)
     return out
 
 
@@ -232,7 +233,7 @@ def unpermute_rows(rows: torch.Tensor, position: torch.Tensor, weights: torch.Te
         check_tensor(weights, "weights", dtypes=(torch.float32,), ndim=2, device=device)
         if weights.shape != position.shape:
             raise ValueError(f"weights {tuple(weights.shape)} must match position {tuple(position.shape)}")
-    lib, kind = native(), backend(device)
+    kind = backend(device)
     num_tokens, top_k = position.shape
     out = torch.empty(num_tokens, rows.shape[1], dtype=rows.dtype, device=device)
     args = (
@@ -245,11 +246,7 @@ def unpermute_rows(rows: torch.Tensor, position: torch.Tensor, weights: torch.Te
         rows.shape[1],
         out.data_ptr(),
     )
-    if kind == "cpu":
-        lib.unpermute_cpu(*args)
-    else:
-        with _launch_context(device):
-            lib.unpermute_cuda(*args, _stream(device))
+    _run(kind, "unpermute", args, device)
     return out
 
 
@@ -262,7 +259,7 @@ def unpermute_backward(
     check_tensor(grad_out, "grad_output", dtypes=(rows.dtype,), ndim=2, device=device)
     check_tensor(position, "position", dtypes=(torch.int32,), ndim=2, device=device)
     check_tensor(weights, "weights", dtypes=(torch.float32,), ndim=2, device=device)
-    lib, kind = native(), backend(device)
+    kind = backend(device)
     num_tokens, top_k = position.shape
     # Every grouped row is written: each kept row has exactly one (t, j) pointing at it.
     grad_rows = torch.empty_like(rows)
@@ -279,11 +276,7 @@ def unpermute_backward(
         grad_rows.data_ptr(),
         grad_weights.data_ptr(),
     )
-    if kind == "cpu":
-        lib.unpermute_backward_cpu(*args)
-    else:
-        with _launch_context(device):
-            lib.unpermute_backward_cuda(*args, _stream(device))
+    _run(kind, "unpermute_backward", args, device)
     return grad_rows, grad_weights
 
 

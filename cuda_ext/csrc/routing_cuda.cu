@@ -97,6 +97,25 @@ __global__ void route_topk_kernel(const T* logits, int64_t num_tokens, int num_e
   }
 }
 
+// The chunk of tokens [begin, end) one warp walks (a block holds several warps, one chunk each), and the
+// warp's slice of the block's dynamic shared memory (`words` 4-byte words per warp).
+struct WarpChunk {
+  int lane;
+  int64_t index, begin, end;
+  int32_t* smem;
+};
+
+__device__ __forceinline__ WarpChunk warp_chunk(int64_t num_tokens, int chunk, int32_t* block_smem, int64_t words) {
+  const int warp = threadIdx.x / 32;
+  WarpChunk w;
+  w.lane = threadIdx.x % 32;
+  w.index = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  w.begin = w.index * chunk;
+  w.end = min(num_tokens, w.begin + chunk);
+  w.smem = block_smem + warp * words;
+  return w;
+}
+
 // Per-chunk expert histograms, one warp per chunk of `chunk` tokens.
 //   per_choice: hist[(j * chunks + c) * E + e] = tokens of chunk c whose choice j is e (admission order);
 //   otherwise:  hist[c * E + e] = kept assignments of chunk c to e (dropped may be null: none dropped).
@@ -104,12 +123,11 @@ __global__ void chunk_histogram_kernel(const int32_t* ids, const uint8_t* droppe
                                        int num_experts, int k, int chunk, int64_t chunks, bool per_choice,
                                        int32_t* hist) {
   extern __shared__ int32_t hist_smem[];
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (c >= chunks) return;
-  int32_t* count = hist_smem + static_cast<int64_t>(warp) * num_experts;
-  const int64_t t0 = c * chunk;
-  const int64_t t1 = min(num_tokens, t0 + chunk);
+  const WarpChunk w = warp_chunk(num_tokens, chunk, hist_smem, num_experts);
+  if (w.index >= chunks) return;
+  const int lane = w.lane;
+  const int64_t c = w.index, t0 = w.begin, t1 = w.end;
+  int32_t* count = w.smem;
   const int rounds = per_choice ? k : 1;
   for (int r = 0; r < rounds; ++r) {
     for (int e = lane; e < num_experts; e += 32) count[e] = 0;
@@ -193,14 +211,13 @@ __global__ void offsets_kernel(const int32_t* counts, int num_experts, int32_t* 
 __global__ void admission_kernel(const int32_t* ids, const int32_t* base, int64_t num_tokens, int num_experts,
                                  int k, int chunk, int64_t chunks, int64_t capacity, uint8_t* dropped) {
   extern __shared__ int32_t admit_smem[];
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (c >= chunks) return;
-  int32_t* cursor = admit_smem + static_cast<int64_t>(warp) * 2 * num_experts;
-  unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);
+  const WarpChunk w = warp_chunk(num_tokens, chunk, admit_smem, 2 * int64_t{num_experts});
+  if (w.index >= chunks) return;
+  const int lane = w.lane;
+  const int64_t c = w.index, t0 = w.begin, t1 = w.end;
+  int32_t* cursor = w.smem;  // per expert: the next rank (admission) or grouped row (grouping)
+  unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);  // per expert: lanes of this slice
   const unsigned lower_lanes = (1u << lane) - 1u;
-  const int64_t t0 = c * chunk;
-  const int64_t t1 = min(num_tokens, t0 + chunk);
   for (int e = lane; e < num_experts; e += 32) lanes_of[e] = 0u;
   for (int j = 0; j < k; ++j) {
     const int32_t* before = base + (static_cast<int64_t>(j) * chunks + c) * num_experts;
@@ -231,14 +248,13 @@ __global__ void group_kernel(const int32_t* ids, const uint8_t* dropped, const i
                              const int32_t* offsets, int64_t num_tokens, int num_experts, int k, int chunk,
                              int64_t chunks, int32_t* source_index, int32_t* position) {
   extern __shared__ int32_t group_smem[];
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (c >= chunks) return;
-  int32_t* cursor = group_smem + static_cast<int64_t>(warp) * 2 * num_experts;
-  unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);
+  const WarpChunk w = warp_chunk(num_tokens, chunk, group_smem, 2 * int64_t{num_experts});
+  if (w.index >= chunks) return;
+  const int lane = w.lane;
+  const int64_t c = w.index, t0 = w.begin, t1 = w.end;
+  int32_t* cursor = w.smem;  // per expert: the next rank (admission) or grouped row (grouping)
+  unsigned* lanes_of = reinterpret_cast<unsigned*>(cursor + num_experts);  // per expert: lanes of this slice
   const unsigned lower_lanes = (1u << lane) - 1u;
-  const int64_t t0 = c * chunk;
-  const int64_t t1 = min(num_tokens, t0 + chunk);
   for (int e = lane; e < num_experts; e += 32) {
     cursor[e] = offsets[e] + base[c * num_experts + e];
     lanes_of[e] = 0u;
