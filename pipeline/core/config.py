@@ -162,12 +162,36 @@ class TokenizerConfig(Section):
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
     reserved_tokens: int = Field(4, ge=0)
+    split_cjk: bool = Field(
+        False, description="isolate each CJK ideograph before BPE (like BERT's tokenize_chinese_chars)"
+    )
 
 
 class TokenizeConfig(Section):
     validation_fraction: float = Field(0.05, ge=0, lt=1)
-    max_tokens_per_shard: int = Field(50_000_000, gt=0)
-    num_shards: int = Field(2, gt=0)
+    max_tokens_per_shard: int = Field(
+        50_000_000, gt=0, description="a shard file rolls over to the next one at this many tokens"
+    )
+    num_shards: int = Field(2, gt=0, description="minimum number of writer tasks (shard files per split)")
+    chunk_chars: int = Field(
+        100_000, ge=1000, description="documents longer than this are encoded in pieces of this size"
+    )
+    threads_per_task: int | None = Field(
+        None, gt=0, description="tokenizer threads per Spark task; default: spark.task.cpus"
+    )
+
+
+class DataConfig(Section):
+    """How the trainer batches token shards (pipeline.data)."""
+
+    batching: Literal["packed", "token_budget"] = Field(
+        "packed",
+        description="packed: fixed [batch_size, seq_len] windows over the token stream; token_budget: one "
+        "document per row, rows of similar length batched up to max_tokens_per_batch (dynamic batching)",
+    )
+    max_tokens_per_batch: int | None = Field(
+        None, gt=1, description="token_budget: padded tokens per rank batch; default batch_size * seq_len"
+    )
 
 
 class ModelSection(Section):
@@ -247,6 +271,7 @@ class PipelineConfig(Section):
     quality: QualityConfig = Field(default_factory=QualityConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainConfig = Field(default_factory=TrainConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)

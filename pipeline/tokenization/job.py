@@ -1,16 +1,25 @@
 """The tokenize stage: train a BPE on a deterministic sample, then encode every document in Spark.
 
-Output layout::
+Output layout (format: ``docs/token-shards.md``)::
 
-    tokenizer.json
-    train/shard-00000.bin, .idx, ...      Megatron MMIDIDX shards, documents in seeded shuffled order
-    validation/shard-00000.bin, .idx, ...
+    tokenizer.json, tokenizer_config.json    HF tokenizers / transformers files
+    train/shard-PPPPP-NNNN.bin, .idx         Megatron MMIDIDX shards, documents in seeded shuffled order
+    validation/shard-PPPPP-NNNN.bin, .idx    (PPPPP: writer task, NNNN: roll-over file inside the task)
+    excluded/part-00000.parquet              documents that were not tokenized (id, text, reason)
+
+Steps: documents with no text are set aside (reason ``empty``); each remaining document goes to train or
+validation by a seeded hash of its id, and gets a seeded hash ``order``. The BPE trains on the train documents
+with the smallest ``order`` (a uniform sample). One Spark job then hash-partitions by ``order``, sorts each
+partition by (split, order, id) and encodes it with ``mapInArrow``: a Python worker loads the tokenizer once,
+encodes each Arrow batch with ``encode_batch_fast`` and appends the shards it writes, rolling over to a new
+file at ``tokenize.max_tokens_per_shard``. The output depends only on the input rows and the config.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,115 +27,280 @@ import pyarrow as pa
 
 from pipeline.core.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session
+from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, train_tokenizer
-from pipeline.tokenization.shards import ShardWriter, token_dtype
+from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
+from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
+from pipeline.tokenization.shards import RollingShardWriter, token_dtype
 
 log = logging.getLogger(__name__)
 STAGE = "tokenize"
 SPLITS = ("train", "validation")
+BUCKETS = 1_000_000
+# Characters str.isspace() accepts; a document made only of these has nothing to tokenize.
+WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+ESTIMATE_SAMPLE_CHARS = 2_000_000
 
-SHARD_STATS_SCHEMA = pa.schema(
-    [("split", pa.string()), ("shard", pa.string()), ("documents", pa.int64()), ("tokens", pa.int64())]
+# One row per shard file written (kind "file") and one per task and split with its counters (kind "counts").
+RESULT_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("split", pa.string()),
+        ("shard", pa.string()),
+        ("documents", pa.int64()),
+        ("tokens", pa.int64()),
+        ("bin_bytes", pa.int64()),
+        ("bin_sha256", pa.string()),
+        ("idx_sha256", pa.string()),
+        ("oversized_documents", pa.int64()),
+        ("repaired_unicode", pa.int64()),
+        ("chunked_documents", pa.int64()),
+    ]
 )
 
 
-@functools.cache
-def _cached_tokenizer(path: str):
-    """Loaded once per Python worker, not once per batch."""
-    return load_tokenizer(path)
+@functools.lru_cache(maxsize=4)
+def _cached_encoder(tokenizer_path: str, eos_token: str, chunk_chars: int) -> DocumentEncoder:
+    """Loaded once per Python worker (workers are reused across tasks), not once per batch."""
+    from tokenizers import Tokenizer
+
+    return DocumentEncoder.for_tokenizer(Tokenizer.from_file(tokenizer_path), eos_token, chunk_chars)
+
+
+def _split_runs(splits: list[str]) -> Iterator[tuple[str, int, int]]:
+    """(split, start, stop) for each run of equal values; rows arrive sorted by split."""
+    start = 0
+    for i in range(1, len(splits) + 1):
+        if i == len(splits) or splits[i] != splits[start]:
+            yield splits[start], start, i
+            start = i
 
 
 def encode_partition(
-    batches: Iterator[pa.RecordBatch], tokenizer_path: str, output: str, split: str, eos_token: str
+    batches: Iterator[pa.RecordBatch],
+    *,
+    tokenizer_path: str,
+    output: str,
+    eos_token: str,
+    chunk_chars: int,
+    max_tokens_per_shard: int,
+    threads: int,
 ) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
-    tokenizer = _cached_tokenizer(tokenizer_path)
-    eos_id = tokenizer.token_to_id(eos_token)
-    shard_name = f"{split}/shard-{TaskContext.get().partitionId():05d}"
-    writer = None
-    for batch in batches:
-        if writer is None:
-            writer = ShardWriter(Path(output) / shard_name, token_dtype(tokenizer.get_vocab_size()))
-        for encoding in tokenizer.encode_batch(batch.column("text").to_pylist()):
-            writer.add_document([*encoding.ids, eos_id])
-    if writer is None:
-        return
-    writer.close()
-    yield pa.RecordBatch.from_pylist(
-        [{"split": split, "shard": shard_name, "documents": len(writer.lengths), "tokens": writer.tokens}],
-        schema=SHARD_STATS_SCHEMA,
-    )
+    configure_threads(threads)
+    encoder = _cached_encoder(tokenizer_path, eos_token, chunk_chars)
+    context = TaskContext.get()
+    stem = f"shard-{context.partitionId():05d}"
+    temp_suffix = f".tmp-{context.taskAttemptId()}"
+    writers: dict[str, RollingShardWriter] = {}
+    counters: dict[str, EncodeCounters] = {}
+    try:
+        for batch in batches:
+            text_column = batch.column("text")
+            for split, start, stop in _split_runs(batch.column("split").to_pylist()):
+                texts, repaired = texts_from_arrow(text_column.slice(start, stop - start))
+                encoder.counters = counters.setdefault(split, EncodeCounters())
+                encoder.counters.repaired_unicode += repaired
+                tokens, lengths = encoder.encode(texts)
+                if split not in writers:
+                    writers[split] = RollingShardWriter(
+                        Path(output) / split, stem, encoder.dtype, max_tokens_per_shard, temp_suffix
+                    )
+                writers[split].add_documents(tokens, lengths)
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    rows = []
+    for split, writer in writers.items():
+        for shard in writer.close():
+            rows.append(
+                {
+                    "kind": "file",
+                    "split": split,
+                    "shard": f"{split}/{shard.name}",
+                    "documents": shard.documents,
+                    "tokens": shard.tokens,
+                    "bin_bytes": shard.bin_bytes,
+                    "bin_sha256": shard.bin_sha256,
+                    "idx_sha256": shard.idx_sha256,
+                    "oversized_documents": shard.oversized_documents,
+                }
+            )
+        rows.append(
+            {
+                "kind": "counts",
+                "split": split,
+                "documents": counters[split].documents,
+                "repaired_unicode": counters[split].repaired_unicode,
+                "chunked_documents": counters[split].chunked_documents,
+            }
+        )
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
-def validation_threshold(docs, fraction: float) -> int:
-    """Bucket bound for the validation split; on a small corpus it still takes at least one document."""
-    from pyspark.sql import functions as F
-
-    threshold = int(fraction * 1_000_000)
-    if fraction > 0 and docs.where(F.col("bucket") < threshold).isEmpty():
-        smallest = docs.agg(F.min("bucket")).first()[0]
-        threshold = 0 if smallest is None else smallest + 1
+def validation_threshold(fraction: float, documents: int, under_threshold: int, smallest_bucket) -> int:
+    """Bucket bound for the validation split; a corpus of two or more documents gives it at least one."""
+    threshold = int(fraction * BUCKETS)
+    if fraction > 0 and under_threshold == 0 and documents >= 2 and smallest_bucket is not None:
+        threshold = smallest_bucket + 1
     return threshold
+
+
+def estimate_chars_per_token(tokenizer, texts: list[str]) -> float:
+    """Characters per token on (a prefix of) the training sample, to size the Spark job."""
+    budget, chosen = ESTIMATE_SAMPLE_CHARS, []
+    for text in texts:
+        if budget <= 0:
+            break
+        chosen.append(text[:budget])
+        budget -= len(chosen[-1])
+    tokens = sum(len(encoding.ids) for encoding in tokenizer.encode_batch_fast(chosen))
+    return max(1.0, sum(map(len, chosen)) / max(1, tokens))
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (documents_ref,) = inputs
     seed = config.project.seed
+    settings = config.tokenize
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"tokenize-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
         docs = spark.read.parquet(str(documents_ref.path / "documents")).select("id", "text")
-        docs = docs.withColumn("bucket", F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(1_000_000)))
-        threshold = validation_threshold(docs, config.tokenize.validation_fraction)
-        docs = docs.withColumn(
-            "split", F.when(F.col("bucket") < threshold, "validation").otherwise("train")
-        ).withColumn("order", F.xxhash64(F.lit(seed + 1), "id"))
-
-        sample = (
-            docs.orderBy("order", "id").limit(config.tokenizer.sample_docs).select("text").toLocalIterator()
+        docs = docs.withColumns(
+            {
+                "empty": F.col("text").isNull() | (F.length(F.trim("text", F.lit(WHITESPACE))) == 0),
+                "bucket": F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(BUCKETS)),
+            }
         )
-        tokenizer = train_tokenizer((row.text for row in sample), config.tokenizer)
-        tokenizer_path = out.path / TOKENIZER_FILE
-        tokenizer.save(str(tokenizer_path))
-        log.info("trained a byte-level BPE with %d tokens", tokenizer.get_vocab_size())
+        kept = F.col("empty") == F.lit(False)
+        first_threshold = int(settings.validation_fraction * BUCKETS)
+        summary = docs.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.when(kept, 1).otherwise(0)).alias("documents"),
+            F.sum(F.when(kept & (F.col("bucket") < first_threshold), 1).otherwise(0)).alias("under"),
+            F.min(F.when(kept, F.col("bucket"))).alias("smallest"),
+            F.sum(F.when(kept, F.length("text")).otherwise(0)).alias("chars"),
+        ).first()
+        documents, empty = int(summary["documents"] or 0), int(summary["rows"] - (summary["documents"] or 0))
+        threshold = validation_threshold(
+            settings.validation_fraction, documents, int(summary["under"] or 0), summary["smallest"]
+        )
+        docs = docs.withColumns(
+            {
+                "split": F.when(F.col("bucket") < threshold, "validation").otherwise("train"),
+                "order": F.xxhash64(F.lit(seed + 1), "id"),
+            }
+        )
+        if documents == 0:
+            raise ValueError(f"{documents_ref.path}: no document with text to tokenize ({empty} empty)")
 
-        stats = []
-        stats_schema = spark_schema(SHARD_STATS_SCHEMA)
+        sample = [
+            row.text
+            for row in docs.where(kept & (F.col("split") == "train"))
+            .orderBy("order", "id")
+            .limit(config.tokenizer.sample_docs)
+            .select(F.substring("text", 1, settings.chunk_chars).alias("text"))
+            .collect()
+        ]
+        tokenizer = train_tokenizer(sample, config.tokenizer)
+        save_tokenizer(tokenizer, out.path, config.tokenizer)
+        vocab_size = tokenizer.get_vocab_size()
+        chars_per_token = estimate_chars_per_token(tokenizer, sample)
+        log.info("trained a byte-level BPE with %d tokens on %d documents", vocab_size, len(sample))
+        del sample
+
+        estimated_tokens = int(summary["chars"] or 0) / chars_per_token
+        partitions = max(settings.num_shards, math.ceil(estimated_tokens / settings.max_tokens_per_shard))
+        threads = settings.threads_per_task or int(spark.conf.get("spark.task.cpus", "1"))
         for split in SPLITS:
             (out.path / split).mkdir()
-            shuffled = (
-                docs.where(F.col("split") == split)
-                .repartition(config.tokenize.num_shards, "order")
-                .sortWithinPartitions("order", "id")
-                .select("text")
-            )
-            encode = functools.partial(
-                encode_partition,
-                tokenizer_path=str(tokenizer_path),
-                output=str(out.path),
-                split=split,
-                eos_token=config.tokenizer.eos_token,
-            )
-            stats += [row.asDict() for row in shuffled.mapInArrow(encode, stats_schema).collect()]
+        encode = functools.partial(
+            encode_partition,
+            tokenizer_path=str(out.path / TOKENIZER_FILE),
+            output=str(out.path),
+            eos_token=config.tokenizer.eos_token,
+            chunk_chars=settings.chunk_chars,
+            max_tokens_per_shard=settings.max_tokens_per_shard,
+            threads=threads,
+        )
+        log.info(
+            "encoding ~%.3g tokens in %d tasks with %d thread(s) each", estimated_tokens, partitions, threads
+        )
+        results = [
+            row.asDict()
+            for row in docs.where(kept)
+            .repartition(partitions, "order")
+            .sortWithinPartitions("split", "order", "id", "text")
+            .select("split", "text")
+            .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
+            .collect()
+        ]
+        write_parquet(
+            docs.where(~kept).select("id", "text", F.lit("empty").alias("reason")),
+            out.path / "excluded",
+            num_files=1,
+        )
+        for leftover in out.path.rglob("*.tmp-*"):  # from task attempts that failed and were retried
+            leftover.unlink()
 
+        files = sorted((r for r in results if r["kind"] == "file"), key=lambda r: r["shard"])
+        counts = [r for r in results if r["kind"] == "counts"]
         totals = {
             split: {
-                "documents": sum(s["documents"] for s in stats if s["split"] == split),
-                "tokens": sum(s["tokens"] for s in stats if s["split"] == split),
+                "documents": sum(r["documents"] for r in files if r["split"] == split),
+                "tokens": sum(r["tokens"] for r in files if r["split"] == split),
+                "shards": sum(1 for r in files if r["split"] == split),
             }
             for split in SPLITS
         }
+        if sum(t["documents"] for t in totals.values()) != documents:
+            raise RuntimeError(
+                f"wrote {sum(t['documents'] for t in totals.values())} documents to shards, expected {documents}"
+            )
         log.info("tokenized %s", totals)
+        eos_id = tokenizer.token_to_id(config.tokenizer.eos_token)
         return out.commit(
-            rows={f"{split}_documents": totals[split]["documents"] for split in SPLITS},
-            counters={"tokens": {split: totals[split]["tokens"] for split in SPLITS}},
+            rows={
+                **{f"{split}_documents": totals[split]["documents"] for split in SPLITS},
+                "excluded": empty,
+            },
+            counters={
+                "tokens": {split: totals[split]["tokens"] for split in SPLITS},
+                "shards": {split: totals[split]["shards"] for split in SPLITS},
+                "dropped": {"empty": empty},
+                "repaired_unicode": sum(r["repaired_unicode"] for r in counts),
+                "chunked_documents": sum(r["chunked_documents"] for r in counts),
+                "oversized_documents": sum(r["oversized_documents"] for r in files),
+            },
             extra={
-                "vocab_size": tokenizer.get_vocab_size(),
+                "vocab_size": vocab_size,
+                "dtype": token_dtype(vocab_size).name,
                 "eos_token": config.tokenizer.eos_token,
-                "shards": sorted(stats, key=lambda s: s["shard"]),
+                "eos_id": eos_id,
+                "pad_token": config.tokenizer.pad_token,
+                "pad_id": tokenizer.token_to_id(config.tokenizer.pad_token),
+                "split_cjk": config.tokenizer.split_cjk,
+                "chars_per_token": round(chars_per_token, 4),
+                "tasks": partitions,
+                "shards": [
+                    {
+                        key: r[key]
+                        for key in (
+                            "split",
+                            "shard",
+                            "documents",
+                            "tokens",
+                            "bin_bytes",
+                            "bin_sha256",
+                            "idx_sha256",
+                            "oversized_documents",
+                        )
+                    }
+                    for r in files
+                ],
             },
         )

@@ -1,0 +1,180 @@
+"""Documents -> token ids, robust to bad input: the part of the tokenize stage that runs in Spark's Python workers.
+
+Bad input is counted, never fatal:
+- invalid UTF-8 or lone surrogates are replaced with U+FFFD (``repaired_unicode``);
+- documents longer than ``chunk_chars`` are encoded in pieces cut before whitespace (``chunked_documents``),
+  which bounds the work BPE does on one pre-token and the memory of one encode call;
+- special-token strings inside a document are encoded as plain text, so the end-of-text id appears only where
+  this stage puts it: once, after each document.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+REPLACEMENT = "\ufffd"
+# Where a hard cut (no whitespace near the limit) must not land: before a combining mark, a joiner or a
+# variation selector, all of which belong with the character before them.
+_NO_CUT_BEFORE = {"\u200c", "\u200d", *map(chr, range(0xFE00, 0xFE10))}
+
+
+def configure_threads(threads: int) -> None:
+    """Cap tokenizers' Rayon pool in this process before its first use.
+
+    Spark already runs one Python worker per task slot; each worker's encode_batch defaulting to one thread
+    per core would oversubscribe the machine (slots x cores threads), so a task gets spark.task.cpus threads.
+    """
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    if threads == 1:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def repair_text(text: str) -> tuple[str, bool]:
+    """Replace lone surrogates (which UTF-8 cannot encode) with U+FFFD; returns (text, repaired)."""
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"), True
+
+
+def texts_from_arrow(column: pa.Array | pa.ChunkedArray) -> tuple[list[str | None], int]:
+    """Python strings from an Arrow string column; invalid UTF-8 (Spark does not validate) becomes U+FFFD.
+
+    Returns (texts, number of texts that needed repair).
+    """
+    try:
+        return column.to_pylist(), 0
+    except UnicodeDecodeError:
+        pass
+    texts, repaired = [], 0
+    for raw in column.cast(pa.binary()).to_pylist():
+        if raw is None:
+            texts.append(None)
+            continue
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(raw.decode("utf-8", "replace"))
+            repaired += 1
+    return texts, repaired
+
+
+def split_long_text(text: str, chunk_chars: int) -> list[str]:
+    """Pieces of at most chunk_chars characters whose concatenation is text.
+
+    A cut goes just before the last whitespace in the second half of the window, so byte-level BPE (whose
+    pre-tokens start with their leading space) sees the same words; with no whitespace there (CJK, base64)
+    it falls back to a hard cut that never separates a combining mark from its base character.
+    """
+    if len(text) <= chunk_chars:
+        return [text]
+    pieces = []
+    start = 0
+    while len(text) - start > chunk_chars:
+        limit = start + chunk_chars
+        lower = start + chunk_chars // 2
+        cut = max(text.rfind(" ", lower, limit), text.rfind("\n", lower, limit))
+        if cut <= start:
+            cut = limit
+            while cut > lower and (unicodedata.combining(text[cut]) or text[cut] in _NO_CUT_BEFORE):
+                cut -= 1
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+@dataclass
+class EncodeCounters:
+    documents: int = 0
+    repaired_unicode: int = 0
+    chunked_documents: int = 0
+
+    def add(self, other: EncodeCounters) -> None:
+        self.documents += other.documents
+        self.repaired_unicode += other.repaired_unicode
+        self.chunked_documents += other.chunked_documents
+
+
+@dataclass
+class DocumentEncoder:
+    """Encodes batches of documents to id arrays that end with the end-of-text id."""
+
+    tokenizer: Tokenizer
+    eos_id: int
+    dtype: np.dtype
+    chunk_chars: int = 100_000
+    counters: EncodeCounters = field(default_factory=EncodeCounters)
+
+    def __post_init__(self) -> None:
+        # A literal "<|endoftext|>" in a web page must not become a document boundary.
+        self.tokenizer.encode_special_tokens = True
+        self._typecode = {np.dtype(np.uint16): "H", np.dtype(np.int32): "i"}[np.dtype(self.dtype)]
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer, eos_token: str, chunk_chars: int) -> DocumentEncoder:
+        from pipeline.tokenization.shards import token_dtype
+
+        eos_id = tokenizer.token_to_id(eos_token)
+        if eos_id is None:
+            raise ValueError(f"the tokenizer has no end-of-text token {eos_token!r}")
+        return cls(tokenizer, eos_id, token_dtype(tokenizer.get_vocab_size()), chunk_chars)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode texts (none may be None) into (tokens, lengths): all documents' ids back to back, each
+        followed by the end-of-text id, and each document's length including that id."""
+        try:
+            tokens, lengths = self._encode(texts)
+        except TypeError:
+            # tokenizers rejects strings UTF-8 cannot encode (lone surrogates): repair them and retry.
+            repaired = [repair_text(text) for text in texts]
+            self.counters.repaired_unicode += sum(flag for _, flag in repaired)
+            tokens, lengths = self._encode([text for text, _ in repaired])
+        self.counters.documents += len(texts)
+        return tokens, lengths
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        pieces: list[str] = []
+        owners: list[int] = []  # the document of each piece; filled only once some document is split
+        chunked = 0
+        for i, text in enumerate(texts):
+            if len(text) > self.chunk_chars:
+                if not owners:
+                    owners = list(range(len(pieces)))
+                parts = split_long_text(text, self.chunk_chars)
+                pieces += parts
+                owners += [i] * len(parts)
+                chunked += 1
+            else:
+                pieces.append(text)
+                if owners:
+                    owners.append(i)
+        encodings = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
+        self.counters.chunked_documents += chunked
+        # array.array grows in C; one numpy view per batch instead of one array per document.
+        buffer = array.array(self._typecode)
+        lengths = np.zeros(len(texts), dtype=np.int64)
+        eos = self.eos_id
+        if not owners:
+            for i, encoding in enumerate(encodings):
+                ids = encoding.ids
+                buffer.extend(ids)
+                buffer.append(eos)
+                lengths[i] = len(ids) + 1
+        else:
+            for position, (owner, encoding) in enumerate(zip(owners, encodings, strict=True)):
+                ids = encoding.ids
+                buffer.extend(ids)
+                lengths[owner] += len(ids)
+                if position + 1 == len(owners) or owners[position + 1] != owner:
+                    buffer.append(eos)
+                    lengths[owner] += 1
+        return np.frombuffer(buffer, dtype=self.dtype), lengths
