@@ -1,7 +1,7 @@
 """Documents -> token ids, robust to bad input: the part of the tokenize stage that runs in Spark's Python workers.
 
 Bad input is counted, never fatal:
-- invalid UTF-8 or lone surrogates are replaced with U+FFFD (``repaired_unicode``);
+- invalid UTF-8 and lone surrogates are replaced with U+FFFD (``repaired_unicode``);
 - documents longer than ``chunk_chars`` are encoded in pieces cut before whitespace (``chunked_documents``),
   which bounds the work BPE does on one pre-token and the memory of one encode call;
 - special-token strings inside a document are encoded as plain text, so the end-of-text id appears only where
@@ -37,12 +37,16 @@ def configure_threads(threads: int) -> None:
 
 
 def repair_text(text: str) -> tuple[str, bool]:
-    """Replace lone surrogates (which UTF-8 cannot encode) with U+FFFD; returns (text, repaired)."""
+    """Make text UTF-8 encodable; returns (text, repaired).
+
+    A surrogate pair left as two code points (as JSON escapes give) becomes its character; each lone
+    surrogate becomes one U+FFFD. The UTF-16 round trip does both.
+    """
     try:
         text.encode("utf-8")
         return text, False
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace"), True
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace"), True
 
 
 def texts_from_arrow(column: pa.Array | pa.ChunkedArray) -> tuple[list[str | None], int]:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from pipeline.core.config import PipelineConfig, TrainConfig
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.loader import DistributedBatchLoader, PackedSequences
+from pipeline.data.loader import PackedSequences, build_train_loader
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.gpt import GPT
 from pipeline.train.checkpoint import Checkpointer
@@ -97,12 +97,12 @@ def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") 
     ddp_model = DistributedDataParallel(model)
     optimizer = build_optimizer(model, train_cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(train_cfg))
-    loader = DistributedBatchLoader(
-        PackedSequences(tokens_ref.path / "train", train_cfg.seq_len),
-        train_cfg.batch_size,
+    loader = build_train_loader(
+        tokens_ref.path / "train",
+        config,
         rank=rank,
         world_size=world_size,
-        seed=config.project.seed,
+        pad_id=tokens_manifest.extra.get("pad_id"),
     )
 
     output = StageOutput(DatasetRef.of(config, STAGE, snapshot), config, [tokens_ref], resumable=True)
@@ -146,11 +146,11 @@ def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") 
         started = time.perf_counter()
         loss_avg.zero_()
         for micro in range(train_cfg.grad_accum):
-            inputs, targets = next(loader)
+            batch = next(loader)
             sync = micro == train_cfg.grad_accum - 1
             # Skip the gradient all-reduce on all but the last micro-batch.
             with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                _, loss = ddp_model(inputs, targets)
+                _, loss = ddp_model(batch.inputs, batch.targets)
                 (loss / train_cfg.grad_accum).backward()
             loss_avg += loss.detach() / train_cfg.grad_accum
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf"))

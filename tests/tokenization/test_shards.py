@@ -1,3 +1,4 @@
+import hashlib
 import struct
 
 import numpy as np
@@ -5,7 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.tokenization.shards import INDEX_MAGIC, Shard, ShardWriter, read_index, token_dtype
+from pipeline.tokenization.shards import (
+    INDEX_MAGIC,
+    RollingShardWriter,
+    Shard,
+    ShardFormatError,
+    ShardWriter,
+    read_index,
+    shard_prefixes,
+    token_dtype,
+    write_index,
+)
 
 
 @settings(max_examples=30, deadline=None)
@@ -55,3 +66,94 @@ def test_bad_magic_is_rejected(tmp_path):
     (tmp_path / "x.idx").write_bytes(b"NOTANIDX" + bytes(40))
     with pytest.raises(ValueError, match="MMIDIDX"):
         read_index(tmp_path / "x.idx")
+
+
+def test_int32_shards_use_megatron_code_4(tmp_path):
+    ids = [70_000, 1, 2**31 - 1]
+    with ShardWriter(tmp_path / "s", np.dtype(np.int32)) as writer:
+        writer.add_document(ids)
+    raw = (tmp_path / "s.idx").read_bytes()
+    assert raw[17] == 4
+    assert Shard(tmp_path / "s").document(0).tolist() == ids
+    assert np.frombuffer((tmp_path / "s.bin").read_bytes(), "<i4").tolist() == ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=8), min_size=1, max_size=6),
+    st.integers(1, 40),
+)
+def test_rolling_writer_caps_shards_and_keeps_every_document_in_order(tmp_path_factory, batches, cap):
+    """Batches of document lengths; each shard holds at most cap tokens unless it is one oversized document."""
+    folder = tmp_path_factory.mktemp("roll")
+    rng = np.random.default_rng(len(batches) * 100 + cap)
+    writer = RollingShardWriter(folder, "shard-00003", np.dtype(np.uint16), max_tokens=cap)
+    expected = []
+    for lengths in batches:
+        documents = [rng.integers(0, 60_000, size=length * 3).tolist() for length in lengths]
+        expected += documents
+        writer.add_documents(np.concatenate(documents), np.array([len(d) for d in documents]))
+    files = writer.close()
+    assert [p.name for p in shard_prefixes(folder)] == [f.name for f in files]
+    assert [f.name for f in files] == [f"shard-00003-{i:04d}" for i in range(len(files))]
+    read_back = []
+    for file in files:
+        shard = Shard(folder / file.name)
+        documents = [shard.document(i).tolist() for i in range(len(shard))]
+        read_back += documents
+        assert file.tokens == shard.num_tokens and file.documents == len(documents) >= 1
+        assert file.tokens <= cap or (len(documents) == 1 and file.oversized_documents == 1)
+        assert file.bin_sha256 == hashlib.sha256((folder / f"{file.name}.bin").read_bytes()).hexdigest()
+        assert file.idx_sha256 == hashlib.sha256((folder / f"{file.name}.idx").read_bytes()).hexdigest()
+    assert read_back == expected
+    assert sum(f.oversized_documents for f in files) == sum(len(d) > cap for d in expected)
+    assert not [p for p in folder.iterdir() if ".tmp" in p.name]
+
+
+def test_aborted_writer_leaves_nothing_and_partial_files_are_never_visible(tmp_path):
+    writer = ShardWriter(tmp_path / "s", np.dtype(np.uint16), temp_suffix=".tmp-7")
+    writer.add_document([1, 2, 3])
+    assert shard_prefixes(tmp_path) == [] and not (tmp_path / "s.bin").exists()
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError), ShardWriter(tmp_path / "t", np.dtype(np.uint16)) as failing:
+        failing.add_document([4])
+        raise RuntimeError("task killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inconsistent_shards_are_rejected_with_the_reason(tmp_path):
+    with ShardWriter(tmp_path / "s", np.dtype(np.uint16)) as writer:
+        writer.add_document([1, 2, 3])
+        writer.add_document([4, 5])
+    index = (tmp_path / "s.idx").read_bytes()
+    (tmp_path / "s.idx").write_bytes(index[:-8])
+    with pytest.raises(ShardFormatError, match="truncated"):
+        Shard(tmp_path / "s")
+    (tmp_path / "s.idx").write_bytes(index)
+    (tmp_path / "s.bin").write_bytes(b"\x00" * 12)
+    with pytest.raises(ShardFormatError, match="describes 5 tokens"):
+        Shard(tmp_path / "s")
+    (tmp_path / "s.bin").unlink()
+    with pytest.raises(ShardFormatError, match="missing"):
+        Shard(tmp_path / "s")
+    with pytest.raises(ValueError, match="add up to"):
+        ShardWriter(tmp_path / "u", np.dtype(np.uint16)).add_documents(np.arange(3), np.array([2]))
+
+
+def test_documents_made_of_several_megatron_sequences_are_measured_whole(tmp_path):
+    """Megatron allows a document to span sequences; document_lengths follows the document indices."""
+    write_index(tmp_path / "m.idx", np.dtype(np.uint16), np.array([2, 3, 4], dtype=np.int32))
+    raw = bytearray((tmp_path / "m.idx").read_bytes())
+    count_offset = 26
+    raw[count_offset : count_offset + 8] = struct.pack("<Q", 3)  # documents 0..2: [seq 0, seq 1-2]
+    raw = bytes(raw[:-32]) + np.array([0, 1, 3], dtype="<i8").tobytes()
+    (tmp_path / "m.idx").write_bytes(raw)
+    assert read_index(tmp_path / "m.idx").document_lengths.tolist() == [2, 7]
+
+
+def test_shard_order_compares_numbers_as_numbers(tmp_path):
+    for name in ("shard-00001-0010", "shard-00001-0002", "shard-00000-10000", "shard-00000-9999"):
+        write_index(tmp_path / f"{name}.idx", np.dtype(np.uint16), np.zeros(0, dtype=np.int32))
+    names = [p.name for p in shard_prefixes(tmp_path)]
+    assert names == ["shard-00000-9999", "shard-00000-10000", "shard-00001-0002", "shard-00001-0010"]
