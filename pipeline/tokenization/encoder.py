@@ -30,10 +30,10 @@ def configure_threads(threads: int) -> None:
 
     Spark already runs one Python worker per task slot; each worker's encode_batch defaulting to one thread
     per core would oversubscribe the machine (slots x cores threads), so a task gets spark.task.cpus threads.
+    Set unconditionally: a value inherited from the driver's environment was meant for the driver.
     """
-    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    if threads == 1:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false" if threads == 1 else "true"
 
 
 def repair_text(text: str) -> tuple[str, bool]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,6 +166,15 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     (documents_ref,) = inputs
     seed = config.project.seed
     settings = config.tokenize
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(step: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[step] = round(now - clock, 3)
+        clock = now
+
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"tokenize-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
@@ -197,6 +207,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         if documents == 0:
             raise ValueError(f"{documents_ref.path}: no document with text to tokenize ({empty} empty)")
+        lap("read_and_count")
 
         sample = [
             row.text
@@ -212,6 +223,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         chars_per_token = estimate_chars_per_token(tokenizer, sample)
         log.info("trained a byte-level BPE with %d tokens on %d documents", vocab_size, len(sample))
         del sample
+        lap("train_tokenizer")
 
         estimated_tokens = int(summary["chars"] or 0) / chars_per_token
         partitions = max(settings.num_shards, math.ceil(estimated_tokens / settings.max_tokens_per_shard))
@@ -239,6 +251,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
             .collect()
         ]
+        lap("encode")
         write_parquet(
             docs.where(~kept).select("id", "text", F.lit("empty").alias("reason")),
             out.path / "excluded",
@@ -246,6 +259,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         for leftover in out.path.rglob("*.tmp-*"):  # from task attempts that failed and were retried
             leftover.unlink()
+        lap("excluded")
 
         files = sorted((r for r in results if r["kind"] == "file"), key=lambda r: r["shard"])
         counts = [r for r in results if r["kind"] == "counts"]
@@ -286,6 +300,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "split_cjk": config.tokenizer.split_cjk,
                 "chars_per_token": round(chars_per_token, 4),
                 "tasks": partitions,
+                "seconds": seconds,
                 "shards": [
                     {
                         key: r[key]
