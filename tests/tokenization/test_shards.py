@@ -3,6 +3,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,3 +158,32 @@ def test_shard_order_compares_numbers_as_numbers(tmp_path):
         write_index(tmp_path / f"{name}.idx", np.dtype(np.uint16), np.zeros(0, dtype=np.int32))
     names = [p.name for p in shard_prefixes(tmp_path)]
     assert names == ["shard-00000-9999", "shard-00000-10000", "shard-00001-0002", "shard-00001-0010"]
+
+
+@pytest.mark.slow  # megatron.core imports most of its model code: seconds, not milliseconds
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_megatron_reads_our_shards_and_writes_the_same_bytes(tmp_path, dtype):
+    """The published implementation itself: Megatron-LM's IndexedDataset reads our shards, and its
+    IndexedDatasetBuilder, given the same documents, writes byte-identical .bin and .idx files."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    rng = np.random.default_rng(3)
+    documents = [rng.integers(0, 60_000, size=rng.integers(1, 50)).astype(dtype) for _ in range(120)]
+    with ShardWriter(tmp_path / "ours", np.dtype(dtype)) as writer:
+        for document in documents:
+            writer.add_document(document)
+    dataset = IndexedDataset(str(tmp_path / "ours"))
+    assert len(dataset) == len(documents) and dataset.index.dtype == dtype
+    assert all(np.array_equal(dataset[i], document) for i, document in enumerate(documents))
+    assert dataset.document_indices.tolist() == list(range(len(documents) + 1))
+
+    builder = IndexedDatasetBuilder(str(tmp_path / "megatron.bin"), dtype=dtype)
+    for document in documents:
+        builder.add_item(torch.from_numpy(document.astype(np.int64)))
+        builder.end_document()
+    builder.finalize(str(tmp_path / "megatron.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours{suffix}").read_bytes() == (tmp_path / f"megatron{suffix}").read_bytes()
