@@ -1,7 +1,7 @@
 """Tokens/s of the Spark tokenize stage vs raw HF tokenizers encode_batch, same text, same cores, one process.
 
-    .venv/bin/python benchmarks/tokenize.py --quick      # ~12M characters, within 3 minutes on 2 cores
-    .venv/bin/python benchmarks/tokenize.py              # ~60M characters
+    .venv/bin/python benchmarks/tokenize.py --quick      # ~20M characters, within 3 minutes on 2 cores
+    .venv/bin/python benchmarks/tokenize.py              # ~80M characters
 
 The text is real: Python sources and docs of the installed packages (a seeded sample of site-packages), written
 as a clean-stage Parquet dataset. The stage runs end to end (count, sample + train the BPE, Spark job that reads
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--quick", action="store_true", help="~12M characters instead of ~60M (< 3 min on 2 cores)"
+        "--quick", action="store_true", help="~20M characters instead of ~80M (< 3 min on 2 cores)"
     )
     parser.add_argument(
         "--chars", type=int, default=None, help="characters of text to encode (overrides --quick)"
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=16_384)
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON result to this file")
     args = parser.parse_args(argv)
-    target = args.chars or (12_000_000 if args.quick else 60_000_000)
+    target = args.chars or (20_000_000 if args.quick else 80_000_000)
 
     # The driver's Rayon pool (raw baseline, BPE training) gets as many threads as Spark has cores; the
     # stage sets its workers' own count (tokenize.threads_per_task), whatever this says.

@@ -143,9 +143,12 @@ def encode_partition(
 
 
 def validation_threshold(fraction: float, documents: int, under_threshold: int, smallest_bucket) -> int:
-    """Bucket bound for the validation split; a corpus of two or more documents gives it at least one."""
+    """Bucket bound for the validation split; a corpus of two or more documents gives it at least one, and a
+    single document always goes to train."""
+    if documents < 2:
+        return 0
     threshold = int(fraction * BUCKETS)
-    if fraction > 0 and under_threshold == 0 and documents >= 2 and smallest_bucket is not None:
+    if fraction > 0 and under_threshold == 0 and smallest_bucket is not None:
         threshold = smallest_bucket + 1
     return threshold
 

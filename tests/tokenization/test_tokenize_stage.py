@@ -173,3 +173,11 @@ def test_bad_input_is_counted_shards_are_capped_and_output_is_deterministic(tmp_
     assert shard_files == {name: entry.sha256 for name, entry in again.files.items() if "shard-" in name}
     assert again.files["tokenizer.json"].sha256 == manifest.files["tokenizer.json"].sha256
     assert not list(output.path.parent.glob(".staging-*"))
+
+
+def test_validation_threshold_takes_at_least_one_document_but_never_the_only_one():
+    threshold = tokenize_job.validation_threshold
+    assert threshold(0.05, documents=10, under_threshold=3, smallest_bucket=7) == 50_000
+    assert threshold(0.05, documents=10, under_threshold=0, smallest_bucket=123_456) == 123_457
+    assert threshold(0.0, documents=10, under_threshold=0, smallest_bucket=5) == 0
+    assert threshold(0.5, documents=1, under_threshold=1, smallest_bucket=5) == 0
