@@ -185,7 +185,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         docs = spark.read.parquet(str(documents_ref.path / "documents")).select("id", "text")
         docs = docs.withColumns(
             {
-                "empty": F.col("text").isNull() | (F.length(F.trim("text", F.lit(WHITESPACE))) == 0),
+                "empty": F.col("text").isNull() | (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0),
                 "bucket": F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(BUCKETS)),
             }
         )
