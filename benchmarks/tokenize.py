@@ -11,7 +11,11 @@ threads as Spark has cores, before and after the stage (the mean is used, to eve
 
 The headline ratio divides the Spark encode job's tokens/s (read Parquet -> encode -> write shards) by raw
 ``encode_batch``'s; the JSON also holds the whole stage's ratio and the ratio against ``encode_batch_fast``,
-the offsets-free variant the stage itself calls. The last line printed is that JSON object.
+the offsets-free variant the stage itself calls. Wall-clock ratios are only fair on an otherwise idle machine:
+under load, the kernel shares the CPU per thread, and the Spark side runs more threads (JVM + one Python
+worker per core) than the raw side's Rayon pool. So the same figures are also given per CPU-second (this
+process and all its descendants: the Spark JVM and its Python workers), which load does not skew.
+The last line printed is the JSON object.
 """
 
 # Run as `python benchmarks/tokenize.py`, this script's folder is sys.path[0], so this file would shadow the
@@ -36,6 +40,7 @@ from hashlib import sha1  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
+RAW_METHODS = ("encode_batch", "encode_batch_fast")
 
 
 def real_texts(target_chars: int, seed: int = 0) -> list[str]:
@@ -76,13 +81,39 @@ def write_clean_dataset(config, snapshot: str, texts: list[str], files: int):
     return ref
 
 
-def raw_tokens_per_s(tokenizer, texts: list[str], method: str) -> tuple[float, int]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its descendants (the Spark JVM and its Python workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def raw_encode(tokenizer, texts: list[str], method: str) -> tuple[int, float, float]:
+    """(tokens, wall seconds, CPU seconds) of one raw encode call over the whole list."""
     encode = getattr(tokenizer, method)
-    started = time.perf_counter()
+    cpu, started = tree_cpu_seconds(), time.perf_counter()
     encodings = encode(texts, add_special_tokens=False)
-    elapsed = time.perf_counter() - started
-    tokens = sum(len(encoding.ids) for encoding in encodings)
-    return tokens / elapsed, tokens
+    elapsed, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
+    return sum(len(encoding.ids) for encoding in encodings), elapsed, cpu
+
+
+def run_stage(job, config, clean, output) -> tuple:
+    """(manifest, wall seconds of the whole stage, CPU seconds of its encode job, CPU seconds in all)."""
+    marks = {"start": tree_cpu_seconds()}
+    started = time.perf_counter()
+    manifest = job.run(
+        config, [clean], output, on_step=lambda step: marks.__setitem__(step, tree_cpu_seconds())
+    )
+    wall = time.perf_counter() - started
+    return manifest, wall, marks["encode"] - marks["train_tokenizer"], tree_cpu_seconds() - marks["start"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,60 +168,62 @@ def main(argv: list[str] | None = None) -> int:
         spark.range(1).count()  # session start is not the stage's cost
 
         output = DatasetRef.of(config, "tokenize", "bench")
-        results = {}
         # stage -> raw (with the tokenizer the stage trained) -> stage again, so load from elsewhere on the
-        # machine touches both sides alike.
-        started = time.perf_counter()
-        manifest = job.run(config, [clean], output)
-        stage_seconds = time.perf_counter() - started
+        # machine touches both sides alike; each side's figure is the mean over its runs.
+        stages = [run_stage(job, config, clean, output)]
         tokenizer = Tokenizer.from_file(str(output.path / "tokenizer.json"))
         tokenizer.encode_special_tokens = True  # as the stage encodes
-        for method in ("encode_batch", "encode_batch_fast"):
-            rates = []
-            for _ in range(2):
-                rate, raw_tokens = raw_tokens_per_s(tokenizer, texts, method)
-                rates.append(rate)
-            results[method] = sum(rates) / len(rates)
-        started = time.perf_counter()
-        manifest_again = job.run(config, [clean], output)
-        stage_seconds = (stage_seconds + time.perf_counter() - started) / 2
-        encode_seconds = (manifest.extra["seconds"]["encode"] + manifest_again.extra["seconds"]["encode"]) / 2
+        raw = {method: [raw_encode(tokenizer, texts, method) for _ in range(2)] for method in RAW_METHODS}
+        stages.append(run_stage(job, config, clean, output))
 
-    stage_tokens = sum(manifest.counters["tokens"].values())
+    manifest = stages[0][0]
     documents = manifest.rows["train_documents"] + manifest.rows["validation_documents"]
-    text_tokens = stage_tokens - documents  # without the end-of-text the stage appends
-    spark_rate = text_tokens / encode_seconds
-    whole_rate = text_tokens / stage_seconds
+    tokens = (
+        sum(manifest.counters["tokens"].values()) - documents
+    )  # without the end-of-text the stage appends
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    encode_wall = mean([stage[0].extra["seconds"]["encode"] for stage in stages])
+    spark_rate, spark_cpu_rate = tokens / encode_wall, tokens / mean([stage[2] for stage in stages])
+    whole_rate, whole_cpu_rate = (
+        tokens / mean([stage[1] for stage in stages]),
+        tokens / mean([s[3] for s in stages]),
+    )
+    raw_rate = {method: mean([n / wall for n, wall, _ in runs]) for method, runs in raw.items()}
+    raw_cpu_rate = {method: mean([n / cpu for n, _, cpu in runs]) for method, runs in raw.items()}
     figures = {
-        "tokens_per_s_ratio_vs_raw": round(spark_rate / results["encode_batch"], 3),
-        "ratio_vs_raw_encode_batch_fast": round(spark_rate / results["encode_batch_fast"], 3),
-        "whole_stage_ratio_vs_raw": round(whole_rate / results["encode_batch"], 3),
+        "tokens_per_s_ratio_vs_raw": round(spark_rate / raw_rate["encode_batch"], 3),
+        "ratio_vs_raw_encode_batch_fast": round(spark_rate / raw_rate["encode_batch_fast"], 3),
+        "whole_stage_ratio_vs_raw": round(whole_rate / raw_rate["encode_batch"], 3),
+        "cpu_ratio_vs_raw": round(spark_cpu_rate / raw_cpu_rate["encode_batch"], 3),
+        "cpu_ratio_vs_raw_encode_batch_fast": round(spark_cpu_rate / raw_cpu_rate["encode_batch_fast"], 3),
         "spark_encode_tokens_per_s": round(spark_rate),
         "whole_stage_tokens_per_s": round(whole_rate),
-        "raw_encode_batch_tokens_per_s": round(results["encode_batch"]),
-        "raw_encode_batch_fast_tokens_per_s": round(results["encode_batch_fast"]),
-        "tokens": text_tokens,
-        "raw_tokens": raw_tokens,
+        "raw_encode_batch_tokens_per_s": round(raw_rate["encode_batch"]),
+        "raw_encode_batch_fast_tokens_per_s": round(raw_rate["encode_batch_fast"]),
+        "spark_encode_tokens_per_cpu_s": round(spark_cpu_rate),
+        "whole_stage_tokens_per_cpu_s": round(whole_cpu_rate),
+        "raw_encode_batch_tokens_per_cpu_s": round(raw_cpu_rate["encode_batch"]),
+        "raw_encode_batch_fast_tokens_per_cpu_s": round(raw_cpu_rate["encode_batch_fast"]),
+        "tokens": tokens,
+        "raw_tokens": raw["encode_batch"][0][0],
         "documents": documents,
         "characters": chars,
         "cores": args.cores,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "stage_seconds": manifest.extra["seconds"],
         "quick": bool(args.quick),
     }
     rows = [
-        ("raw encode_batch (in-memory list)", results["encode_batch"], 1.0),
-        (
-            "raw encode_batch_fast",
-            results["encode_batch_fast"],
-            results["encode_batch_fast"] / results["encode_batch"],
-        ),
-        ("Spark job: Parquet -> encode -> shards", spark_rate, figures["tokens_per_s_ratio_vs_raw"]),
-        ("whole stage incl. BPE training", whole_rate, figures["whole_stage_ratio_vs_raw"]),
+        ("raw encode_batch (in-memory list)", raw_rate["encode_batch"], raw_cpu_rate["encode_batch"]),
+        ("raw encode_batch_fast", raw_rate["encode_batch_fast"], raw_cpu_rate["encode_batch_fast"]),
+        ("Spark job: Parquet -> encode -> shards", spark_rate, spark_cpu_rate),
+        ("whole stage incl. BPE training", whole_rate, whole_cpu_rate),
     ]
-    print(f"\n{'':40s} {'tokens/s':>12s} {'vs raw':>8s}")
-    for name, rate, ratio in rows:
-        print(f"{name:40s} {rate:12,.0f} {ratio:8.2f}")
-    print(f"stage steps (s): {manifest.extra['seconds']}")
+    base, base_cpu = raw_rate["encode_batch"], raw_cpu_rate["encode_batch"]
+    print(f"\n{'':40s} {'tokens/s':>11s} {'ratio':>6s} {'tokens/CPU-s':>13s} {'ratio':>6s}")
+    for name, rate, cpu_rate in rows:
+        print(f"{name:40s} {rate:11,.0f} {rate / base:6.2f} {cpu_rate:13,.0f} {cpu_rate / base_cpu:6.2f}")
+    print(f"stage steps (s): {manifest.extra['seconds']}; load average {figures['load_average_1m']}")
     line = json.dumps(figures)
     if args.json:
         args.json.write_text(line + "\n")
