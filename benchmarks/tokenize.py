@@ -81,19 +81,27 @@ def write_clean_dataset(config, snapshot: str, texts: list[str], files: int):
     return ref
 
 
+_CPU_SEEN: dict[tuple[int, float], float] = {}
+
+
 def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and its descendants (the Spark JVM and its Python workers)."""
+    """CPU seconds used so far by this process and its descendants (the Spark JVM and its Python workers).
+
+    Spark ends idle Python workers, and its daemon does not reap them into its own children times, so a
+    process' time is remembered once seen: the total never drops when a worker goes.
+    """
     import psutil
 
     me = psutil.Process()
-    total = 0.0
     for process in [me, *me.children(recursive=True)]:
         try:
-            times = process.cpu_times()
+            with process.oneshot():
+                key = (process.pid, process.create_time())
+                times = process.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+        _CPU_SEEN[key] = times.user + times.system
+    return sum(_CPU_SEEN.values())
 
 
 def raw_encode(tokenizer, texts: list[str], method: str) -> tuple[int, float, float]:

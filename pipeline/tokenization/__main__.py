@@ -1,4 +1,9 @@
-"""`python -m pipeline.tokenization` / `pretrain tokenize`: train a BPE and encode clean documents into shards."""
+"""`python -m pipeline.tokenization` / `pretrain tokenize`: train a BPE and encode clean documents into shards.
+
+Writes tokenizer.json and Megatron MMIDIDX token shards (train/, validation/) under
+<data_root>/<corpus>/tokenize/<snapshot>/. Main settings: tokenizer.vocab_size, tokenizer.split_cjk,
+tokenize.validation_fraction, tokenize.max_tokens_per_shard, tokenize.num_shards. Format: docs/token-shards.md.
+"""
 
 from __future__ import annotations
 
