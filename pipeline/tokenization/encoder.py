@@ -76,7 +76,8 @@ def split_long_text(text: str, chunk_chars: int) -> list[str]:
 
     A cut goes just before the last whitespace in the second half of the window, so byte-level BPE (whose
     pre-tokens start with their leading space) sees the same words; with no whitespace there (CJK, base64)
-    it falls back to a hard cut that never separates a combining mark from its base character.
+    it falls back to a hard cut that does not separate a combining mark from its base character, unless marks
+    fill the whole second half of the window (Zalgo text), where it cuts among them.
     """
     if len(text) <= chunk_chars:
         return [text]
