@@ -60,7 +60,8 @@ def stage_main(
     """The shared body of every `python -m pipeline.<stage>` entrypoint.
 
     Parses --config/--set/--snapshot (and --input-stage when the stage reads one input), sets up logging,
-    calls ``run(config, inputs, output)`` and prints the published output folder.
+    calls ``run(config, inputs, output)`` inside an MLflow stage run (``pipeline.tracking.mlflow_runs``)
+    and prints the published output folder.
     """
     from pipeline.core.logs import setup_logging
     from pipeline.core.storage import DatasetRef
@@ -78,7 +79,12 @@ def stage_main(
         input_stages = (args.input_stage,)
     setup_logging(config, component or stage)
     inputs = [DatasetRef.of(config, name, snapshot) for name in input_stages]
-    manifest = run(config, inputs, DatasetRef.of(config, stage, snapshot))
+    # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
+    from pipeline.tracking.mlflow_runs import track_stage
+
+    with track_stage(config, stage, snapshot, inputs) as tracking:
+        manifest = run(config, inputs, DatasetRef.of(config, stage, snapshot))
+        tracking.record(manifest)
     print(manifest.path)
     return 0
 

@@ -254,13 +254,47 @@ class DistributedConfig(Section):
 
 
 class TrackingConfig(Section):
-    mlflow_tracking_uri: str | None = Field(None, description="default: SQLite store under the data root")
-    experiment: str | None = Field(None, description="default: pretrain-<corpus>")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="default: $MLFLOW_TRACKING_URI, else a SQLite store under the data root"
+    )
+    experiment: str | None = Field(None, description="default: pretrain-<corpus>-<model preset>")
+    stage_runs: bool = Field(True, description="record every stage execution as a nested MLflow run")
+    required: bool = Field(
+        False, description="fail a stage when recording it in MLflow fails (default: log an error, go on)"
+    )
+    registered_model: str | None = Field(
+        None, description="Model Registry name; default: pretrain-<corpus>-<model preset>; '' disables"
+    )
+    checkpoint_artifact: Literal["weights", "pointer"] = Field(
+        "weights", description="log the final weights as an artifact, or only a pointer to the checkpoint"
+    )
+    sample_prompts: list[str] = Field(
+        default_factory=lambda: ["The", "Bees", "In the garden"],
+        description="prompts for the sample generations logged with a trained model",
+    )
+    sample_tokens: int = Field(32, ge=0, description="greedy tokens per sample generation; 0 disables")
+    prometheus_port: int | None = Field(
+        None, ge=0, le=65535, description="trainer /metrics port; each local rank serves port + local rank"
+    )
+    prometheus_addr: str = "0.0.0.0"
+    tensorboard: bool = Field(
+        True, description="trainer writes TensorBoard events under <train output>/tensorboard"
+    )
 
 
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     console: bool = True
+    elasticsearch_url: str | None = Field(
+        None, description="ship ECS logs here (default: $ELASTICSEARCH_URL); credentials only from env"
+    )
+    data_stream: str = Field("logs-pretrain-default", pattern=r"^logs-pretrain-[a-z0-9][a-z0-9_.]*$")
+    ship_in_process: bool = Field(False, description="each process also ships logs in a background thread")
+    ship_interval_s: float = Field(5.0, gt=0)
+    spool_max_bytes: int = Field(
+        1 << 30, gt=0, description="stop reading new lines while the spool is this big"
+    )
+    retention: str = Field("30d", pattern=r"^[0-9]+[dhm]$", description="ILM: delete log indices this old")
 
 
 class PipelineConfig(Section):

@@ -1,46 +1,39 @@
-"""The report stage: one MLflow run per training snapshot, with params, metrics, artifacts and lineage."""
+"""The report stage: complete a training snapshot's MLflow run and register its model.
+
+It finds the training run (the id the trainer put in its manifest, else the ``train`` stage run whose
+output digest matches, else it creates one nested under the training's DAG run) and makes sure it
+holds per-step metrics (from ``metrics.jsonl`` when the trainer did not log them live), the training
+plots, the manifests of the whole chain, the tokenizer, sample generations from the final checkpoint,
+and the model (weights or a pointer), registered in the Model Registry.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.config import PipelineConfig
-from pipeline.core.lineage import Lineage, code_version
-from pipeline.core.manifest import MANIFEST_NAME, Manifest
-from pipeline.core.storage import DatasetRef, StageOutput, local_path
+from pipeline.core.lineage import Lineage
+from pipeline.core.manifest import MANIFEST_NAME, Manifest, sha256_file
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.tracking.mlflow_runs import (
+    TAG_OUTPUT_DIGEST,
+    TAG_STAGE,
+    TrackedRun,
+    ensure_experiment,
+    mlflow_client,
+    registered_model_name,
+    search_runs,
+    tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 STAGE = "report"
 METRIC_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
-
-
-def tracking_uri(config: PipelineConfig) -> str:
-    import os
-
-    if config.tracking.mlflow_tracking_uri:
-        return config.tracking.mlflow_tracking_uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{local_path(config.project.data_root) / 'mlflow.db'}"
-
-
-def experiment_name(config: PipelineConfig) -> str:
-    return config.tracking.experiment or f"pretrain-{config.project.corpus}"
-
-
-def ensure_experiment(client, name: str, config: PipelineConfig) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    artifact_root = None
-    if tracking_uri(config).startswith("sqlite:"):
-        # Without a server, keep artifacts beside the SQLite store rather than in ./mlruns of whatever cwd.
-        artifact_root = (local_path(config.project.data_root) / "mlartifacts" / name).as_uri()
-    return client.create_experiment(name, artifact_location=artifact_root)
+MODEL_ARTIFACT = "model"
 
 
 def upstream_manifests(manifest: Manifest) -> list[Manifest]:
@@ -56,6 +49,13 @@ def upstream_manifests(manifest: Manifest) -> list[Manifest]:
     return chain
 
 
+def read_history(train_path: Path) -> list[dict[str, Any]]:
+    path = train_path / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def plot_training(history: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -64,93 +64,219 @@ def plot_training(history: list[dict], path: Path) -> None:
 
     steps = [row["step"] for row in history]
     figure, (loss_axis, speed_axis) = plt.subplots(1, 2, figsize=(10, 3.5))
-    loss_axis.plot(steps, [row["loss"] for row in history], color="tab:blue")
+    loss_axis.plot(steps, [row.get("loss") for row in history], color="tab:blue")
     loss_axis.set(title="training loss", xlabel="step", ylabel="cross-entropy")
-    speed_axis.plot(steps, [row["tokens_per_s"] for row in history], color="tab:green")
+    speed_axis.plot(steps, [row.get("tokens_per_s") for row in history], color="tab:green")
     speed_axis.set(title="throughput", xlabel="step", ylabel="tokens/s")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
-def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    import mlflow
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
+def find_training_run(config: PipelineConfig, train_manifest: Manifest) -> str | None:
+    """The MLflow run that recorded this training output, if any."""
+    client = mlflow_client(config)
+    run_id = train_manifest.extra.get("mlflow_run_id")
+    if run_id:
+        try:
+            client.get_run(run_id)
+            return run_id
+        except Exception as exc:
+            log.warning(
+                "train manifest names MLflow run %s, which is not in %s: %s",
+                run_id,
+                tracking_uri(config),
+                exc,
+            )
+    experiment_id = ensure_experiment(client, config)
+    found = search_runs(client, experiment_id, {TAG_STAGE: "train", TAG_OUTPUT_DIGEST: train_manifest.digest})
+    return found[0].info.run_id if found else None
 
+
+def training_run(
+    config: PipelineConfig, train_ref: DatasetRef, train_manifest: Manifest
+) -> tuple[TrackedRun, bool]:
+    """(run, created): the existing training run, or a new ``train`` stage run made from the manifest."""
+    run_id = find_training_run(config, train_manifest)
+    if run_id is not None:
+        return TrackedRun.attach(config, run_id), False
+    lineage = Lineage(**train_manifest.lineage) if train_manifest.lineage else Lineage()
+    tracked = TrackedRun.start_stage_run(config, "train", train_ref.snapshot, lineage=lineage)
+    direct_inputs = [
+        (Manifest.read(Path(ref["path"]) / MANIFEST_NAME), ref["path"])
+        for ref in train_manifest.inputs
+        if (Path(ref["path"]) / MANIFEST_NAME).is_file()
+    ]
+    tracked.log_datasets(direct_inputs, context="training")
+    tracked.log_output(train_manifest)
+    return tracked, True
+
+
+def log_history(tracked: TrackedRun, history: list[dict], train_manifest: Manifest) -> int:
+    """Per-step metrics from metrics.jsonl, unless the trainer already logged them live."""
+    if tracked.client.get_metric_history(tracked.run_id, "loss"):
+        return 0
+    count = 0
+    for row in history:
+        values = {key: row[key] for key in METRIC_KEYS if row.get(key) is not None}
+        tracked.log_metrics(values, step=int(row["step"]))
+        count += len(values)
+    if train_manifest.extra.get("val_loss") is not None:
+        tracked.log_metrics(
+            {"val_loss": train_manifest.extra["val_loss"]}, step=train_manifest.rows.get("steps", 0)
+        )
+        count += 1
+    tracked.flush()
+    return count
+
+
+def write_model_artifact(
+    config: PipelineConfig, checkpoint: Path, tokenizer_file: Path | None, folder: Path
+) -> dict[str, Any]:
+    """The registered model's files: weights (or a pointer to the checkpoint), config, tokenizer."""
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    pointer = {
+        "checkpoint": str(checkpoint),
+        "sha256": sha256_file(checkpoint),
+        "bytes": checkpoint.stat().st_size,
+        "step": state.get("step"),
+        "config_hash": state.get("config_hash"),
+        "format": config.tracking.checkpoint_artifact,
+    }
+    if config.tracking.checkpoint_artifact == "weights":
+        torch.save({"model_config": state["model_config"], "model": state["model"]}, folder / "model.pt")
+        pointer["weights"] = "model.pt"
+    (folder / "checkpoint.json").write_text(json.dumps(pointer, indent=2) + "\n")
+    (folder / "model_config.json").write_text(json.dumps(state["model_config"], indent=2) + "\n")
+    if tokenizer_file is not None and tokenizer_file.is_file():
+        (folder / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    (folder / "README.md").write_text(
+        "pretrain-pipeline GPT. Load it with `pipeline.tracking.mlflow_report.load_model(model_uri)`,\n"
+        "or by hand: `GPT(GPTConfig(**json.load(open('model_config.json'))))` and\n"
+        "`load_state_dict(torch.load('model.pt', weights_only=True)['model'])`. When `checkpoint.json` has\n"
+        "no `weights`, the weights are in the checkpoint file it points to (check its sha256).\n"
+    )
+    return pointer
+
+
+def load_model(model_uri: str, tracking: str | None = None):
+    """A registered model (``models:/<name>/<version>``) or run artifact as a GPT in eval mode."""
+    import mlflow
+    import torch
+
+    from pipeline.tracking.samples import load_model as build
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking))
+    pointer = json.loads((local / "checkpoint.json").read_text())
+    if pointer.get("weights"):
+        return build(torch.load(local / pointer["weights"], map_location="cpu", weights_only=True))
+    checkpoint = Path(pointer["checkpoint"])
+    if sha256_file(checkpoint) != pointer["sha256"]:
+        raise ValueError(f"{checkpoint} does not match the registered sha256 {pointer['sha256']}")
+    return build(torch.load(checkpoint, map_location="cpu", weights_only=True))
+
+
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (train_ref,) = inputs
     train_manifest = train_ref.manifest()
     chain = upstream_manifests(train_manifest)
-    history = [json.loads(line) for line in (train_ref.path / "metrics.jsonl").read_text().splitlines()]
-    lineage = Lineage.from_env()
+    history = read_history(train_ref.path)
+    checkpoint = train_ref.path / train_manifest.extra["checkpoint"]
+    tokenize = next((m for m in chain if m.stage == "tokenize"), None)
+    tokenizer_file = Path(tokenize.path) / "tokenizer.json" if tokenize else None
+    if config.hash != train_manifest.config_hash:
+        log.warning(
+            "report config %s differs from the training config %s; the training run's params stay as logged",
+            config.hash,
+            train_manifest.config_hash,
+        )
 
-    uri = tracking_uri(config)
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
-    experiment_id = ensure_experiment(client, experiment_name(config), config)
-    tags = {
-        "snapshot": output.snapshot,
-        "corpus": output.corpus,
-        "config_hash": config.hash,
-        "git_commit": code_version(),
-        **{f"airflow.{key}": str(value) for key, value in lineage.to_dict().items() if value is not None},
-    }
-    with StageOutput(output, config, inputs, lineage) as out:
-        run = client.create_run(experiment_id, run_name=f"train-{output.snapshot}", tags=tags)
-        run_id = run.info.run_id
+    with StageOutput(output, config, inputs) as out:
+        tracked, created = training_run(config, train_ref, train_manifest)
         try:
-            params = {
-                key: json.dumps(value) if not isinstance(value, str) else value
-                for key, value in config.flat().items()
-            }
-            for key, value in train_manifest.extra["model_config"].items():
-                params[f"model_resolved.{key}"] = str(value)
-            mlflow.log_params(params, run_id=run_id)
-            now = int(time.time() * 1000)
-            metrics = [
-                Metric(key, float(row[key]), now, int(row["step"]))
-                for row in history
-                for key in METRIC_KEYS
-                if key in row
-            ]
-            if train_manifest.extra.get("val_loss") is not None:
-                metrics.append(
-                    Metric(
-                        "val_loss", float(train_manifest.extra["val_loss"]), now, train_manifest.rows["steps"]
-                    )
-                )
-            for start in range(0, len(metrics), 1000):
-                client.log_batch(run_id, metrics=metrics[start : start + 1000])
-
+            metric_count = log_history(tracked, history, train_manifest)
             with tempfile.TemporaryDirectory() as scratch:
                 scratch = Path(scratch)
-                (scratch / "config.yaml").write_text(config.to_yaml())
-                plot_training(history, scratch / "training.png")
-                client.log_artifact(run_id, str(scratch / "config.yaml"))
-                client.log_artifact(run_id, str(scratch / "training.png"), "plots")
+                if history:
+                    plot_training(history, scratch / "training.png")
+                    tracked.log_artifact(scratch / "training.png", "plots")
+                samples = []
+                if config.tracking.sample_tokens and tokenizer_file and tokenizer_file.is_file():
+                    from pipeline.tracking.samples import format_samples, sample_generations
+
+                    samples = sample_generations(
+                        checkpoint,
+                        tokenizer_file,
+                        config.tracking.sample_prompts,
+                        config.tracking.sample_tokens,
+                        config.tokenizer.eos_token,
+                    )
+                    tracked.log_text(
+                        json.dumps(samples, indent=2, ensure_ascii=False), "samples/generations.json"
+                    )
+                    tracked.log_text(format_samples(samples), "samples/generations.txt")
+                pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / MODEL_ARTIFACT)
+                tracked.log_artifact(scratch / MODEL_ARTIFACT, MODEL_ARTIFACT)
             for manifest in [train_manifest, *chain]:
-                client.log_artifact(
-                    run_id, str(Path(manifest.path) / MANIFEST_NAME), f"manifests/{manifest.stage}"
+                tracked.log_artifact(Path(manifest.path) / MANIFEST_NAME, f"manifests/{manifest.stage}")
+            if tokenizer_file is not None and tokenizer_file.is_file():
+                tracked.log_artifact(tokenizer_file, "tokenizer")
+            tracked.set_tags(
+                {
+                    "checkpoint": str(checkpoint),
+                    "checkpoint_sha256": pointer["sha256"],
+                    "pretrain.train_digest": train_manifest.digest,
+                    "pretrain.dataset_digest": tokenize.digest if tokenize else "",
+                }
+            )
+            version = None
+            name = registered_model_name(config)
+            if name:
+                version = tracked.register_model(
+                    name,
+                    MODEL_ARTIFACT,
+                    tags={
+                        "snapshot": train_ref.snapshot,
+                        "corpus": train_ref.corpus,
+                        "config_hash": train_manifest.config_hash,
+                        "train_digest": train_manifest.digest,
+                        "dataset_digest": tokenize.digest if tokenize else "",
+                        "checkpoint_sha256": pointer["sha256"],
+                    },
                 )
-                if manifest.stage == "tokenize":
-                    client.log_artifact(run_id, str(Path(manifest.path) / "tokenizer.json"), "tokenizer")
-            client.set_tag(run_id, "checkpoint", str(train_ref.path / train_manifest.extra["checkpoint"]))
-            client.set_terminated(run_id, "FINISHED")
+            if created:
+                tracked.finish("FINISHED")
         except BaseException:
-            client.set_terminated(run_id, "FAILED")
+            if created:
+                tracked.finish("FAILED")
             raise
-        (out.path / "mlflow_run.json").write_text(
-            json.dumps({"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": uri}, indent=2)
-            + "\n"
+
+        record = {
+            "run_id": tracked.run_id,
+            "experiment_id": tracked.experiment_id,
+            "tracking_uri": tracking_uri(config),
+            "registered_model": version.name if version else None,
+            "model_version": version.version if version else None,
+        }
+        (out.path / "mlflow_run.json").write_text(json.dumps(record, indent=2) + "\n")
+        log.info(
+            "MLflow training run %s%s (%s)",
+            tracked.run_id,
+            f", model {version.name} v{version.version}" if version else "",
+            tracking_uri(config),
         )
-        log.info("MLflow run %s in experiment %s (%s)", run_id, experiment_name(config), uri)
         return out.commit(
-            rows={"metrics": len(metrics)},
+            rows={"metrics": metric_count, "samples": len(samples)},
             extra={
-                "mlflow_run_id": run_id,
-                "mlflow_experiment_id": experiment_id,
-                "tracking_uri": uri,
+                "mlflow_run_id": tracked.run_id,
+                "mlflow_experiment_id": tracked.experiment_id,
+                "tracking_uri": tracking_uri(config),
+                "registered_model": record["registered_model"],
+                "model_version": record["model_version"],
                 "final_loss": train_manifest.extra.get("final_loss"),
-                "checkpoint": str(train_ref.path / train_manifest.extra["checkpoint"]),
+                "checkpoint": str(checkpoint),
             },
         )

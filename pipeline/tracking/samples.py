@@ -1,0 +1,64 @@
+"""Sample generations from a checkpoint: a small greedy loop over ``GPT.forward``, for the MLflow record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.model import GPTConfig
+from pipeline.model.gpt import GPT
+
+
+def load_model(state: dict[str, Any]) -> GPT:
+    """A GPT in eval mode from a checkpoint dict holding ``model_config`` and ``model`` (a state dict)."""
+    model = GPT(GPTConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+@torch.no_grad()
+def greedy_generate(
+    model: GPT, prompt_ids: list[int], max_new_tokens: int, stop_id: int | None = None
+) -> list[int]:
+    """Append the arg-max token ``max_new_tokens`` times (or until ``stop_id``); returns only the new ids."""
+    window = model.config.max_position_embeddings
+    ids = list(prompt_ids)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        logits, _ = model(torch.tensor([ids[-window:]], dtype=torch.long))
+        token = int(logits[0, -1].argmax())
+        if token == stop_id:
+            break
+        ids.append(token)
+        new.append(token)
+    return new
+
+
+def sample_generations(
+    checkpoint: Path, tokenizer_file: Path, prompts: list[str], max_new_tokens: int, eos_token: str
+) -> list[dict[str, Any]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    model = load_model(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    stop_id = tokenizer.token_to_id(eos_token)
+    samples = []
+    for prompt in prompts:
+        prompt_ids = tokenizer.encode(prompt).ids or ([stop_id] if stop_id is not None else [0])
+        new_ids = greedy_generate(model, prompt_ids, max_new_tokens, stop_id)
+        samples.append(
+            {
+                "prompt": prompt,
+                "prompt_ids": prompt_ids,
+                "generated_ids": new_ids,
+                "completion": tokenizer.decode(new_ids),
+            }
+        )
+    return samples
+
+
+def format_samples(samples: list[dict[str, Any]]) -> str:
+    blocks = [f"### prompt: {s['prompt']!r}\n{s['prompt']}{s['completion']}\n" for s in samples]
+    return "\n".join(blocks)

@@ -1,0 +1,302 @@
+"""Per-stage MLflow runs through the real ``stage_main`` and a real MLflow SQLite store.
+
+The stages here are small functions that publish a real StageOutput, so each test runs in seconds;
+the real stages and a real ``mlflow server`` are exercised in test_mlflow_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlflow.tracking import MlflowClient
+
+from pipeline.core.cli import stage_main
+from pipeline.core.config import load_config
+from pipeline.core.manifest import Manifest
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.tracking import mlflow_runs
+from pipeline.tracking.mlflow_runs import (
+    ENV_RUN_ID,
+    PARENT_TAG,
+    TrackingError,
+    experiment_name,
+    manifest_metrics,
+    tracking_uri,
+)
+
+
+def publish(rows: int, seed: int):
+    """A stage body: writes random bytes and counts, like a data stage."""
+
+    def run(config, inputs, output):
+        rng = random.Random(seed)
+        with StageOutput(output, config, inputs) as out:
+            (out.path / "part-0.bin").write_bytes(rng.randbytes(rng.randint(1, 4096)))
+            return out.commit(
+                rows={"documents": rows},
+                counters={"kept": rows, "dropped": {"too_short": seed % 7, "lang": seed % 3}, "note": "x"},
+            )
+
+    return run
+
+
+def fail(config, inputs, output):
+    raise RuntimeError("stage broke")
+
+
+def argv(root, snapshot, *extra):
+    return [
+        "--snapshot",
+        snapshot,
+        "--set",
+        f"project.data_root={root}",
+        "--set",
+        "logging.console=false",
+        *extra,
+    ]
+
+
+def airflow_env(monkeypatch, dag_id, run_id, task_id, try_number=1):
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", dag_id)
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_RUN_ID", run_id)
+    monkeypatch.setenv("AIRFLOW_CTX_TASK_ID", task_id)
+    monkeypatch.setenv("AIRFLOW_CTX_TRY_NUMBER", str(try_number))
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(ENV_RUN_ID, raising=False)
+    return tmp_path / "data"
+
+
+def runs_by_stage(client, experiment_id):
+    runs = client.search_runs([experiment_id], max_results=1000)
+    return {
+        (run.data.tags.get("pretrain.stage"), run.data.tags.get("airflow.run_id")): run
+        for run in runs
+        if run.data.tags.get("pretrain.kind") == "stage"
+    }
+
+
+def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(root, monkeypatch):
+    run_a = "manual__2026-11-28T00:00:00+00:00"
+    run_b = "scheduled__2026-11-29T00:00:00+00:00"
+    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "alpha")
+    assert stage_main(argv(root, "s1"), stage="alpha", description="", run=publish(5, 11)) == 0
+    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "beta", try_number=2)
+    assert (
+        stage_main(
+            argv(root, "s1"), stage="beta", description="", run=publish(3, 12), input_stages=("alpha",)
+        )
+        == 0
+    )
+    airflow_env(monkeypatch, "pretrain_pipeline", run_b, "alpha")
+    assert stage_main(argv(root, "s2"), stage="alpha", description="", run=publish(4, 13)) == 0
+
+    config = load_config(None, [f"project.data_root={root}", "logging.console=false"], environ={})
+    assert tracking_uri(config) == f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri(config))
+    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
+    assert experiment is not None and experiment_name(config) == "pretrain-sample-tiny"
+    stages = runs_by_stage(client, experiment.experiment_id)
+    assert set(stages) == {("alpha", run_a), ("beta", run_a), ("alpha", run_b)}
+    parents = {
+        run.data.tags["airflow.run_id"]: run
+        for run in client.search_runs([experiment.experiment_id])
+        if run.data.tags.get("pretrain.kind") == "dag_run"
+    }
+    assert set(parents) == {run_a, run_b}
+    for (_, dag_run), run in stages.items():
+        assert run.data.tags[PARENT_TAG] == parents[dag_run].info.run_id
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["airflow.dag_id"] == "pretrain_pipeline"
+        assert run.data.tags["config_hash"] == config.hash
+        assert run.data.tags["git_commit"]
+    beta = stages[("beta", run_a)]
+    assert beta.data.tags["airflow.try_number"] == "2" and beta.data.tags["airflow.task_id"] == "beta"
+    assert beta.info.run_name == "beta s1 (try 2)"
+
+    # Params: the whole flattened config, JSON for non-strings.
+    expected = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.flat().items()}
+    assert beta.data.params == expected
+
+    # Datasets: alpha's output is beta's input, with the manifest digest; counts became metrics.
+    alpha_manifest = DatasetRef.of(config, "alpha", "s1").manifest()
+    beta_manifest = DatasetRef.of(config, "beta", "s1").manifest()
+    by_context = {
+        (d.tags[0].value if d.tags[0].key == "mlflow.data.context" else d.tags[1].value): d.dataset
+        for d in beta.inputs.dataset_inputs
+    }
+    assert by_context["input"].digest == alpha_manifest.digest
+    assert by_context["input"].name == "sample/alpha/s1"
+    assert json.loads(by_context["input"].source)["uri"] == alpha_manifest.path
+    assert by_context["output"].digest == beta_manifest.digest
+    alpha_inputs = stages[("alpha", run_a)].inputs.dataset_inputs
+    assert [d.dataset.digest for d in alpha_inputs] == [alpha_manifest.digest]
+    assert beta.data.metrics["rows.documents"] == 3
+    assert beta.data.metrics["counters.dropped.too_short"] == 12 % 7
+    assert beta.data.tags["pretrain.output_digest"] == beta_manifest.digest
+    assert [a.path for a in client.list_artifacts(beta.info.run_id, "manifests/beta")] == [
+        "manifests/beta/manifest.json"
+    ]
+    assert "config.yaml" in {a.path for a in client.list_artifacts(beta.info.run_id)}
+    assert parents[run_a].info.status == "FINISHED"
+
+
+def test_outside_airflow_stages_of_a_snapshot_share_a_parent(root):
+    stage_main(argv(root, "hand"), stage="alpha", description="", run=publish(2, 1))
+    stage_main(argv(root, "hand"), stage="beta", description="", run=publish(2, 2), input_stages=("alpha",))
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("pretrain.kind") == "snapshot"]
+    children = [r for r in runs if r.data.tags.get("pretrain.kind") == "stage"]
+    assert len(parents) == 1 and parents[0].data.tags["pretrain.snapshot"] == "hand"
+    assert len(children) == 2 and {c.data.tags[PARENT_TAG] for c in children} == {parents[0].info.run_id}
+    assert not any(key.startswith("airflow.") for c in children for key in c.data.tags)
+
+
+def test_a_failing_stage_is_reraised_and_its_run_marked_failed(root, monkeypatch):
+    airflow_env(monkeypatch, "pretrain_pipeline", "r1", "alpha")
+    with pytest.raises(RuntimeError, match="stage broke"):
+        stage_main(argv(root, "s1"), stage="alpha", description="", run=fail)
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
+    (run,) = runs_by_stage(client, experiment.experiment_id).values()
+    assert run.info.status == "FAILED"
+    parent = client.get_run(run.data.tags[PARENT_TAG])
+    assert parent.info.status == "FAILED"
+
+
+@pytest.fixture
+def unreachable_server(monkeypatch):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    return f"http://127.0.0.1:{port}"
+
+
+def test_tracking_failure_warns_and_the_stage_still_publishes(root, unreachable_server, caplog, capsys):
+    with caplog.at_level(logging.ERROR, logger="pipeline.tracking.mlflow_runs"):
+        code = stage_main(
+            argv(root, "s1", "--set", f"tracking.mlflow_tracking_uri={unreachable_server}"),
+            stage="alpha",
+            description="",
+            run=publish(2, 3),
+        )
+    assert code == 0
+    config = load_config(None, [f"project.data_root={root}"], environ={})
+    assert DatasetRef.of(config, "alpha", "s1").is_complete()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("MLflow tracking of stage 'alpha'" in m and "tracking.required=true" in m for m in errors)
+    assert "MLflow tracking of stage 'alpha'" in capsys.readouterr().err
+
+
+def test_required_tracking_fails_the_stage_before_it_runs(root, unreachable_server):
+    ran = []
+    with pytest.raises(TrackingError, match=r"tracking\.required=true"):
+        stage_main(
+            argv(
+                root,
+                "s1",
+                "--set",
+                f"tracking.mlflow_tracking_uri={unreachable_server}",
+                "--set",
+                "tracking.required=true",
+            ),
+            stage="alpha",
+            description="",
+            run=lambda *args: ran.append(args),
+        )
+    assert ran == []
+
+
+def test_stage_runs_can_be_switched_off(root):
+    stage_main(
+        argv(root, "s1", "--set", "tracking.stage_runs=false"),
+        stage="alpha",
+        description="",
+        run=publish(1, 1),
+    )
+    assert not (root / "mlflow.db").exists()
+
+
+def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs(root, monkeypatch):
+    seen = {}
+
+    def run(config, inputs, output):
+        import os
+
+        seen["env"] = os.environ.get(ENV_RUN_ID)
+        return publish(1, 1)(config, inputs, output)
+
+    stage_main(argv(root, "s1"), stage="train", description="", run=run)
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    run_record = client.get_run(seen["env"])
+    assert run_record.data.tags["pretrain.stage"] == "train"
+    import os
+
+    assert ENV_RUN_ID not in os.environ
+
+
+def test_concurrent_parent_creation_converges_on_one_parent(root):
+    config = load_config(None, [f"project.data_root={root}"], environ={})
+    client = mlflow_runs.mlflow_client(config)
+    experiment_id = mlflow_runs.ensure_experiment(client, config)
+    key, name, tags = mlflow_runs.parent_spec(config, "s", mlflow_runs.Lineage("dag", "run-1", "t", 1))
+    results, barrier = [], threading.Barrier(4)
+
+    def create():
+        barrier.wait()
+        results.append(mlflow_runs.find_or_create_parent(client, experiment_id, key, name, tags))
+
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    alive = mlflow_runs.search_runs(client, experiment_id, {mlflow_runs.TAG_PARENT_KEY: key})
+    assert len(alive) == 1
+    assert set(results) == {alive[0].info.run_id}
+
+
+counter_trees = st.recursive(
+    st.one_of(
+        st.integers(-(10**9), 10**9), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3)
+    ),
+    lambda children: st.dictionaries(st.text("abc_ ü", min_size=1, max_size=4), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.dictionaries(st.sampled_from(["documents", "excluded", "train"]), st.integers(0, 10**6)),
+    counters=st.dictionaries(st.text("xyz.", min_size=1, max_size=3), counter_trees, max_size=4),
+)
+def test_manifest_metrics_flatten_every_number_and_nothing_else(rows, counters):
+    manifest = Manifest("s", "c", "snap", "/p", "h", "v", rows=rows, counters=counters)
+    expected = {"bytes": 0.0, "duration_s": 0.0}
+
+    def reference(prefix, value):  # written from the spec: numbers (not bools) at any depth, dotted keys
+        if isinstance(value, dict):
+            for key in value:
+                reference(prefix + "." + key, value[key])
+        elif type(value) in (int, float):
+            safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_.-/ :") else "_" for ch in prefix)
+            expected[safe] = float(value)
+
+    reference("rows", rows)
+    reference("counters", counters)
+    assert manifest_metrics(manifest) == expected
