@@ -29,6 +29,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.tracking.__main__",
         "record a trained snapshot in MLflow (params, metrics, artifacts)",
     ),
+    "ship-logs": (
+        "pipeline.tracking.log_shipper",
+        "send the ECS log files to Elasticsearch (spools while it is unreachable; --follow to keep going)",
+    ),
+    "tensorboard": (
+        "pipeline.tracking.tensorboard",
+        "start TensorBoard on a training snapshot's event files",
+    ),
     "config": ("pipeline.core.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
 }

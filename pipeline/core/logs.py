@@ -84,6 +84,19 @@ def setup_logging(
         setattr(console, _HANDLER_MARK, True)
         root.addHandler(console)
 
-    for noisy in ("py4j", "urllib3", "filelock", "matplotlib", "alembic", "scrapy.core.scraper"):
+    for noisy in (
+        "py4j",
+        "urllib3",
+        "filelock",
+        "matplotlib",
+        "alembic",
+        "scrapy.core.scraper",
+        "elastic_transport",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if config.logging.ship_in_process:
+        # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).
+        from pipeline.tracking.log_shipper import start_background_shipper
+
+        start_background_shipper(config)
     return log_file

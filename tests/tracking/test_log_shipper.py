@@ -1,0 +1,434 @@
+"""The Elasticsearch log shipper: tailing, spool and replay, no loss and no duplicates.
+
+This is a protocol test. No Elasticsearch server can run on our machines, so by default the shipper
+talks to ``es_protocol.FakeElasticsearch``, a local HTTP server answering the bulk, ILM, index template
+and data stream APIs as Elasticsearch documents them (product header included), through
+``es_protocol.FaultProxy``, which injects outages, 429/5xx answers, partial bulk failures and a missing
+product header. With ``ELASTICSEARCH_URL`` set (``make es-test``) the very same tests run against that
+real cluster, still through the proxy, each in its own ``logs-pretrain-t*`` data stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import ecs_logging
+import pytest
+from elasticsearch import Elasticsearch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.tracking import log_shipper
+from pipeline.tracking.es_index import ILM_POLICY, INDEX_TEMPLATE, ElasticsearchSink
+from pipeline.tracking.log_shipper import LogShipper, Spool
+from tests.tracking.es_protocol import FakeElasticsearch, FaultProxy
+
+REAL_CLUSTER = os.environ.get("ELASTICSEARCH_URL")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    if REAL_CLUSTER:
+        yield REAL_CLUSTER
+    else:
+        with FakeElasticsearch() as fake:
+            yield fake.url
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream):
+    with FaultProxy(upstream, seed=7) as fault_proxy:
+        yield fault_proxy
+
+
+@pytest.fixture(scope="module")
+def reader(upstream):
+    """A direct client (no proxy) to read back what arrived."""
+    return ElasticsearchSink.from_env(upstream, "unused").client
+
+
+@pytest.fixture
+def data_stream(reader, proxy):
+    name = f"logs-pretrain-t{uuid.uuid4().hex[:12]}"
+    proxy.set_plan([])
+    yield name
+    reader.options(ignore_status=404).indices.delete_data_stream(name=name)
+
+
+def stored(reader: Elasticsearch, data_stream: str) -> list[dict]:
+    missing = reader.options(ignore_status=404)
+    if missing.indices.refresh(index=data_stream).meta.status == 404:
+        return []
+    hits = reader.search(index=data_stream, size=10_000, query={"match_all": {}})["hits"]["hits"]
+    return [hit["_source"] for hit in hits]
+
+
+def sink_for(proxy: FaultProxy, data_stream: str, **options) -> ElasticsearchSink:
+    options = {"transport_retries": 0, "bulk_retries": 1, "initial_backoff": 0.0, "chunk_size": 7, **options}
+    return ElasticsearchSink.from_env(proxy.url, data_stream, **options)
+
+
+class LogWriter:
+    """Appends real ecs-logging lines to files under <root>/_runs/<run>/logs/, remembering each one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.formatter = ecs_logging.StdlibFormatter()
+        self.expected: dict[tuple[str, int], str] = {}
+        self.partial: dict[Path, tuple[bytes, int]] = {}
+        self.counter = 0
+
+    def path(self, index: int) -> Path:
+        path = self.root / "_runs" / f"run{index % 2}" / "logs" / f"stage{index}-rank0-{100 + index}.ecs.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def line(self, message: str) -> bytes:
+        self.counter += 1
+        record = logging.LogRecord("pipeline.test", logging.INFO, __file__, 1, "%s", (message,), None)
+        record.__dict__["labels.seq"] = self.counter
+        return self.formatter.format(record).encode("utf-8")
+
+    def write(self, index: int, messages: list[str]) -> None:
+        path = self.path(index)
+        with open(path, "ab") as handle:
+            for message in messages:
+                if path in self.partial:  # finish the half-written line first
+                    data, cut = self.partial.pop(path)
+                    offset = handle.tell() - cut
+                    handle.write(data[cut:] + b"\n")
+                else:
+                    data = self.line(message)
+                    offset = handle.tell()
+                    handle.write(data + b"\n")
+                self.expected[(path.relative_to(self.root).as_posix(), offset)] = json.loads(data)["message"]
+
+    def write_partial(self, index: int, message: str) -> None:
+        """Half a line (no newline yet): a process in the middle of writing it."""
+        path = self.path(index)
+        if path in self.partial:
+            return
+        data = self.line(message)
+        with open(path, "ab") as handle:
+            handle.write(data[: len(data) // 2])
+        self.partial[path] = (data, len(data) // 2)
+
+    def finish_partials(self) -> None:
+        for path in list(self.partial):
+            self.write(int(path.name.split("-")[0].removeprefix("stage")), ["unused"])
+
+
+def assert_exactly_once(reader, data_stream, writer: LogWriter) -> None:
+    docs = stored(reader, data_stream)
+    got = sorted((doc["log"]["file"]["path"], doc["log"]["offset"]) for doc in docs)
+    assert got == sorted(writer.expected), "lines lost or duplicated"
+    for doc in docs:
+        assert doc["message"] == writer.expected[(doc["log"]["file"]["path"], doc["log"]["offset"])]
+
+
+def test_ships_every_line_once_and_a_restart_sends_nothing_again(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, [f"first {i}" for i in range(20)])
+    writer.write(1, ['ünïcode "quoted" \\ back', "tab\there"])
+    stats = LogShipper(tmp_path, sink_for(proxy, data_stream)).ship_once()
+    assert (stats.read, stats.delivered, stats.pending, stats.errors) == (22, 22, 0, [])
+    assert_exactly_once(reader, data_stream, writer)
+
+    restarted = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    assert restarted.ship_once().read == 0
+    writer.write(0, ["after restart"])
+    writer.write(2, ["a new file"])
+    stats = restarted.ship_once()
+    assert (stats.read, stats.delivered, stats.already_present) == (2, 2, 0)
+    assert_exactly_once(reader, data_stream, writer)
+    doc = next(d for d in stored(reader, data_stream) if d["message"] == "after restart")
+    assert doc["log.level"] == "info" and doc["log"]["logger"] == "pipeline.test"
+    assert doc["labels"]["seq"] == writer.counter - 1
+
+
+def test_first_use_creates_ilm_policy_index_template_and_data_stream(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["hello"])
+    LogShipper(tmp_path, sink_for(proxy, data_stream, retention="12d")).ship_once()
+    policy = reader.ilm.get_lifecycle(name=ILM_POLICY)[ILM_POLICY]["policy"]
+    assert "rollover" in policy["phases"]["hot"]["actions"]
+    assert "delete" in policy["phases"]["delete"]["actions"]
+    (template,) = reader.indices.get_index_template(name=INDEX_TEMPLATE)["index_templates"]
+    body = template["index_template"]
+    assert body["index_patterns"] == ["logs-pretrain-*"] and "data_stream" in body
+    settings_ = body["template"]["settings"]  # Elasticsearch answers nested, whatever form was sent
+    lifecycle = settings_.get("index.lifecycle.name") or settings_["index"]["lifecycle"]["name"]
+    assert lifecycle == ILM_POLICY
+    (stream,) = reader.indices.get_data_stream(name=data_stream)["data_streams"]
+    assert stream["template"] == INDEX_TEMPLATE
+    assert stream["indices"][0]["index_name"].startswith(f".ds-{data_stream}-")
+
+
+messages = st.text(max_size=40)
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.integers(0, 2), st.lists(messages, min_size=1, max_size=25)),
+        st.tuples(st.just("partial"), st.integers(0, 2), messages),
+        st.tuples(
+            st.just("ship"),
+            st.lists(
+                st.sampled_from(["ok", "down", "429", "502", "503", "partial", "noproduct"]), max_size=6
+            ),
+        ),
+        st.tuples(st.just("restart")),
+        st.tuples(st.just("crash")),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+class CrashingShipper(LogShipper):
+    """Dies (raises) after sending, before the offsets are saved: the worst moment for duplicates."""
+
+    crash_next = False
+
+    def _save_offsets(self, offsets):
+        if self.crash_next:
+            self.crash_next = False
+            raise RuntimeError("simulated crash")
+        super()._save_offsets(offsets)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    script=events,
+    spool_max_bytes=st.sampled_from([2_000, 1 << 30]),
+    batch_bytes=st.sampled_from([900, 1 << 20]),
+)
+def test_random_outages_lose_and_duplicate_nothing(proxy, reader, script, spool_max_bytes, batch_bytes):
+    data_stream = f"logs-pretrain-t{uuid.uuid4().hex[:12]}"
+    root = Path(tempfile.mkdtemp(prefix="ship-"))
+    writer = LogWriter(root)
+
+    def new_shipper():
+        shipper = CrashingShipper(
+            root, sink_for(proxy, data_stream), spool_max_bytes=spool_max_bytes, batch_bytes=batch_bytes
+        )
+        return shipper
+
+    shipper = new_shipper()
+    proxy.bulk_log = []
+    try:
+        for event in script:
+            if event[0] == "write":
+                writer.write(event[1], event[2])
+            elif event[0] == "partial":
+                writer.write_partial(event[1], event[2])
+            elif event[0] == "ship":
+                proxy.set_plan(event[1])
+                try:
+                    shipper.ship_once()
+                except RuntimeError as exc:
+                    assert str(exc) == "simulated crash"
+                    shipper = new_shipper()
+                proxy.set_plan([])
+            elif event[0] == "restart":
+                shipper = new_shipper()
+            else:
+                shipper.crash_next = True
+        writer.finish_partials()
+        shipper.crash_next = False
+        for _ in range(10):
+            stats = shipper.ship_once()
+            if stats.pending == 0 and stats.read == 0:
+                break
+        assert stats.pending == 0 and stats.rejected == 0 and not stats.errors
+        assert_exactly_once(reader, data_stream, writer)
+        # In order: each file's lines were first offered to Elasticsearch in file order.
+        first_seen: dict[str, list[int]] = {}
+        seen_ids = set()
+        for doc_id, path, offset in proxy.bulk_log:
+            if doc_id not in seen_ids:
+                seen_ids.add(doc_id)
+                first_seen.setdefault(path, []).append(offset)
+        for offsets in first_seen.values():
+            assert offsets == sorted(offsets)
+    finally:
+        reader.options(ignore_status=404).indices.delete_data_stream(name=data_stream)
+
+
+def test_a_server_that_is_not_elasticsearch_is_named_and_lines_wait(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["one", "two", "three"])
+    proxy.set_plan(["noproduct"] * 3)
+    shipper = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    stats = shipper.ship_once()
+    assert stats.pending == 3 and stats.delivered == 0
+    assert any("X-Elastic-Product" in error for error in stats.errors)
+    assert stored(reader, data_stream) == []
+    proxy.set_plan([])
+    stats = LogShipper(tmp_path, sink_for(proxy, data_stream)).ship_once()
+    assert (stats.replayed, stats.pending) == (3, 0)
+    assert_exactly_once(reader, data_stream, writer)
+
+
+def test_unparsed_lines_are_kept_and_half_written_lines_wait(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["valid"])
+    path = writer.path(0)
+    with open(path, "ab") as handle:
+        garbage_offset = handle.tell()
+        handle.write(b"not json \xff at all\n")
+    writer.write_partial(0, "still being written")
+    shipper = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    assert shipper.ship_once().read == 2
+    docs = stored(reader, data_stream)
+    garbage = next(doc for doc in docs if doc["log"]["offset"] == garbage_offset)
+    assert garbage["message"] == "not json \ufffd at all" and "pretrain_unparsed" in garbage["tags"]
+    assert "@timestamp" in garbage
+    writer.finish_partials()
+    assert shipper.ship_once().read == 1
+    writer.expected[(path.relative_to(tmp_path).as_posix(), garbage_offset)] = "not json \ufffd at all"
+    assert_exactly_once(reader, data_stream, writer)
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "ship-logs", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def test_cli_quarantines_a_rejected_line_and_exits_nonzero(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["good one"])
+    bad = {"@timestamp": "2026-11-29T00:00:00Z", "message": "bad step", "pretrain": {"step": "not a number"}}
+    with open(writer.path(0), "ab") as handle:
+        handle.write(json.dumps(bad).encode() + b"\n")
+    writer.write(0, ["good two"])
+    common = ["--url", proxy.url, "--data-stream", data_stream, "--set", f"project.data_root={tmp_path}"]
+    result = run_cli(*common, "--json")
+    assert result.returncode == 1, result.stderr
+    stats = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (stats["delivered"], stats["rejected"], stats["pending"]) == (2, 1, 0)
+    assert "rejected for good" in result.stderr
+    (rejected,) = [json.loads(line) for line in (tmp_path / "_ship" / data_stream / "rejected.ndjson").open()]
+    assert rejected["status"] == 400 and rejected["_source"]["message"] == "bad step"
+    assert_exactly_once(reader, data_stream, writer)
+    again = run_cli(*common)
+    assert again.returncode == 0 and "read 0 line(s)" in again.stdout
+
+
+def test_cli_without_url_is_a_clear_config_error(tmp_path):
+    result = run_cli("--set", f"project.data_root={tmp_path}", env={"ELASTICSEARCH_URL": ""})
+    assert result.returncode == 2
+    assert "no Elasticsearch URL" in result.stderr and "Traceback" not in result.stderr
+
+
+def wait_until(predicate, what: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_cli_follow_ships_new_lines_until_interrupted(tmp_path, proxy, reader, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["before"])
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "ship-logs",
+            "--follow",
+            "--interval",
+            "0.1",
+            "--json",
+            "--url",
+            proxy.url,
+            "--data-stream",
+            data_stream,
+            "--set",
+            f"project.data_root={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: len(stored(reader, data_stream)) == 1, "the first line")
+        writer.write(1, ["while following"])
+        wait_until(lambda: len(stored(reader, data_stream)) == 2, "the second line")
+        writer.write(1, ["just before the end"])
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert json.loads(stdout.strip().splitlines()[-1])["pending"] == 0
+    assert_exactly_once(reader, data_stream, writer)
+
+
+def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, data_stream):
+    from pipeline.core.logs import setup_logging
+    from tests.conftest import make_config
+
+    config = make_config(
+        tmp_path / "data",
+        f"logging.elasticsearch_url={proxy.url}",
+        f"logging.data_stream={data_stream}",
+        "logging.ship_in_process=true",
+        "logging.ship_interval_s=0.1",
+    )
+    setup_logging(config, "shipper-test")
+    background = log_shipper._background
+    try:
+        assert background is not None and background.is_alive()
+        logging.getLogger("pipeline.test").warning("shipped from inside the process")
+        wait_until(
+            lambda: any(
+                d["message"] == "shipped from inside the process" for d in stored(reader, data_stream)
+            ),
+            "the in-process shipper",
+        )
+        logging.getLogger("pipeline.test").error("the last words")
+    finally:
+        last = background.stop()
+        log_shipper._background = None
+    assert last is not None and last.pending == 0
+    messages = [d["message"] for d in stored(reader, data_stream)]
+    assert messages.count("the last words") == 1 and messages.count("shipped from inside the process") == 1
+
+
+def test_spool_keeps_order_across_partial_replays(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    spool.append([{"_id": "a"}, {"_id": "b"}])
+    spool.append([{"_id": "c"}])
+    first, _ = spool.segments()
+    spool.replace(first, [{"_id": "b"}])
+    assert [spool.read(s) for s in spool.segments()] == [[{"_id": "b"}], [{"_id": "c"}]]
+    spool.append([{"_id": "d"}])
+    spool.replace(spool.segments()[0], [])
+    assert [a["_id"] for s in spool.segments() for a in spool.read(s)] == ["c", "d"]
+    assert spool.count() == 2
+
+
+def test_another_shipper_holding_the_lock_is_respected(tmp_path, proxy, data_stream):
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["x"])
+    first = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    second = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    with first._lock(blocking=True):
+        assert second.ship_once(blocking=False).skipped
+    assert second.ship_once(blocking=False).delivered == 1
