@@ -1,0 +1,213 @@
+"""Training metrics in torchtitan's spirit: small sinks with ``log(metrics, step)`` / ``close()``, one fan-out.
+
+``build_metrics_logger`` composes, from the config, what a rank should write:
+
+- rank 0: ``metrics.jsonl`` in the train output (what the report stage reads), the MLflow training run
+  (batched), TensorBoard events (``tracking.tensorboard``), and one ECS log line per step with
+  ``pretrain.*`` fields (the Kibana "training progress" panels);
+- every rank: a Prometheus ``/metrics`` endpoint on ``tracking.prometheus_port + LOCAL_RANK`` when set.
+
+A sink that cannot start (MLflow unreachable, port taken) is logged as an error and left out unless
+``tracking.required`` is true; it never stops training silently or otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from pipeline.core.config import PipelineConfig
+from pipeline.core.storage import DatasetRef
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricSink(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class JsonlMetrics:
+    """One JSON object per step, ``{"step": n, ...}``, appended and flushed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self._handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._handle.flush()
+
+    def close(self, status: str = "FINISHED") -> None:
+        self._handle.close()
+
+
+class MlflowMetrics:
+    """Per-step metrics into a ``TrackedRun``; ends the run on close only when it started it."""
+
+    def __init__(self, run, owns_run: bool) -> None:
+        self.run = run
+        self.owns_run = owns_run
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log_metrics(metrics, step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.owns_run:
+            self.run.finish(status)
+        else:
+            self.run.flush()
+
+
+class TensorBoardMetrics:
+    def __init__(self, log_dir: Path) -> None:
+        from pipeline.tracking.tensorboard import TensorBoardWriter
+
+        self.writer = TensorBoardWriter(log_dir)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.writer.scalars(metrics, step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.writer.close()
+
+
+class PrometheusMetrics:
+    """Feeds a ``TrainingExporter``; ``tokens`` in the metrics is the count trained on at this step."""
+
+    def __init__(self, exporter) -> None:
+        self.exporter = exporter
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.exporter.update(
+            step,
+            loss=metrics.get("loss"),
+            tokens_per_s=metrics.get("tokens_per_s"),
+            step_time_s=metrics.get("step_time_s"),
+            tokens=metrics.get("tokens"),
+            lr=metrics.get("lr"),
+            grad_norm=metrics.get("grad_norm"),
+        )
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.exporter.close()
+
+
+class LogLineMetrics:
+    """One INFO line per step whose ECS fields (``pretrain.step``, ``pretrain.loss``...) Kibana can chart."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("pipeline.train.progress")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        fields = {
+            f"pretrain.{key}": value for key, value in metrics.items() if isinstance(value, int | float)
+        }
+        shown = " ".join(
+            f"{key}={value:.4g}" for key, value in metrics.items() if isinstance(value, int | float)
+        )
+        self.logger.info("step %d %s", step, shown, extra={"pretrain.step": step, **fields})
+
+    def close(self, status: str = "FINISHED") -> None:
+        pass
+
+
+class MetricsLogger:
+    """Fans one ``log(metrics, step)`` out to every sink; a sink that raises is reported, then dropped."""
+
+    def __init__(self, sinks: Iterable[MetricSink] = (), required: bool = False) -> None:
+        self.sinks = list(sinks)
+        self.required = required
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """For the train manifest's ``extra["mlflow_run_id"]``, so the report finds the run."""
+        return next((sink.run_id for sink in self.sinks if isinstance(sink, MlflowMetrics)), None)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for sink in list(self.sinks):
+            try:
+                sink.log(metrics, step)
+            except Exception as exc:
+                if self.required:
+                    raise
+                log.error("metrics sink %s failed and is dropped: %s", type(sink).__name__, exc, exc_info=exc)
+                self.sinks.remove(sink)
+
+    def close(self, status: str = "FINISHED") -> None:
+        for sink in self.sinks:
+            try:
+                sink.close(status)
+            except Exception as exc:
+                if self.required:
+                    raise
+                log.error("closing metrics sink %s failed: %s", type(sink).__name__, exc)
+
+
+def _optional(what: str, required: bool, build):
+    try:
+        return build()
+    except Exception as exc:
+        if required:
+            raise
+        log.error(
+            "%s is off for this run: %s (set tracking.required=true to fail instead)", what, exc, exc_info=exc
+        )
+        return None
+
+
+def build_metrics_logger(
+    config: PipelineConfig,
+    *,
+    rank: int,
+    local_rank: int,
+    output_dir: Path,
+    snapshot: str,
+    inputs: Iterable[DatasetRef] = (),
+) -> MetricsLogger:
+    """The sinks this rank should write to (see the module docstring)."""
+    required = config.tracking.required
+    sinks: list[MetricSink] = []
+    if rank == 0:
+        sinks.append(JsonlMetrics(Path(output_dir) / METRICS_FILE))
+        if config.tracking.stage_runs:
+
+            def mlflow_sink():
+                import os
+
+                from pipeline.tracking.mlflow_runs import ENV_RUN_ID, TrackedRun
+
+                owns = not os.environ.get(ENV_RUN_ID)
+                return MlflowMetrics(TrackedRun.for_training(config, snapshot, list(inputs)), owns_run=owns)
+
+            sinks.append(_optional("MLflow metrics", required, mlflow_sink))
+        if config.tracking.tensorboard:
+            from pipeline.tracking.tensorboard import tensorboard_dir
+
+            sinks.append(
+                _optional("TensorBoard", required, lambda: TensorBoardMetrics(tensorboard_dir(output_dir)))
+            )
+        sinks.append(LogLineMetrics())
+    if config.tracking.prometheus_port is not None:
+
+        def prometheus_sink():
+            from pipeline.tracking.prometheus import TrainingExporter
+
+            port = config.tracking.prometheus_port
+            exporter = TrainingExporter(
+                port + local_rank if port else 0, config.tracking.prometheus_addr, rank=rank
+            )
+            return PrometheusMetrics(exporter.start())
+
+        sinks.append(_optional("the Prometheus endpoint", required, prometheus_sink))
+    return MetricsLogger([sink for sink in sinks if sink is not None], required=required)
