@@ -270,3 +270,20 @@ class ElasticsearchSink:
 
     def close(self) -> None:
         self.client.close()
+
+
+def write_setup_files(folder) -> None:
+    """The policy and template as JSON files, for setups that install them without the shipper (docker/)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ilm-policy.json").write_text(json.dumps({"policy": ilm_policy("30d")}, indent=2) + "\n")
+    (folder / "index-template.json").write_text(json.dumps(index_template(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_setup_files(sys.argv[1] if len(sys.argv) > 1 else "docker/observability/elasticsearch")

@@ -163,12 +163,20 @@ def write_model_artifact(
 
 
 def load_model(model_uri: str, tracking: str | None = None):
-    """A registered model (``models:/<name>/<version>``) or run artifact as a GPT in eval mode."""
+    """A registered model (``models:/<name>/<version>``) or a run artifact URI as a GPT in eval mode.
+
+    ``tracking``: the MLflow tracking URI (default: $MLFLOW_TRACKING_URI); it also serves as the registry.
+    """
     import mlflow
     import torch
+    from mlflow.tracking import MlflowClient
 
     from pipeline.tracking.samples import load_model as build
 
+    if model_uri.startswith("models:/"):
+        name, _, version = model_uri.removeprefix("models:/").partition("/")
+        client = MlflowClient(tracking, registry_uri=tracking or mlflow.get_tracking_uri())
+        model_uri = client.get_model_version_download_uri(name, version)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking))
     pointer = json.loads((local / "checkpoint.json").read_text())
     if pointer.get("weights"):

@@ -72,6 +72,8 @@ def registered_model_name(config: PipelineConfig) -> str | None:
 
 
 def mlflow_client(config: PipelineConfig):
+    # A stage's stdout is its output path; MLflow would also print run URLs there. We log them instead.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(config)
@@ -188,6 +190,9 @@ def manifest_dataset(manifest: Manifest, location: str | Path | None = None):
         @property
         def profile(self) -> str:
             return profile
+
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": profile}
 
     source = LocalArtifactDatasetSource(str(location or manifest.path))
     return ManifestDataset(source, name=dataset_name(manifest), digest=manifest.digest)
@@ -473,6 +478,7 @@ class StageTracking:
         except Exception as exc:
             self._failed("starting the run", exc)
             return self
+        log.info("MLflow run %s for stage %s (%s)", self.run.run_id, self.stage, tracking_uri(self.config))
         # Child processes (torchrun ranks) log into this same run.
         self._previous_env = os.environ.get(ENV_RUN_ID)
         os.environ[ENV_RUN_ID] = self.run.run_id
