@@ -102,6 +102,8 @@ def training_run(
         return TrackedRun.attach(config, run_id), False
     lineage = Lineage(**train_manifest.lineage) if train_manifest.lineage else Lineage()
     tracked = TrackedRun.start_stage_run(config, "train", train_ref.snapshot, lineage=lineage)
+    # What the training itself ran with, even if this report was started with another config.
+    tracked.set_tags({"config_hash": train_manifest.config_hash, "git_commit": train_manifest.code_version})
     direct_inputs = [
         (Manifest.read(Path(ref["path"]) / MANIFEST_NAME), ref["path"])
         for ref in train_manifest.inputs

@@ -11,6 +11,7 @@ artifacts, and model registration. ``stage_main`` wraps every stage in ``track_s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -123,11 +124,22 @@ def _filter_value(value: str) -> str:
     return value
 
 
-def search_runs(client, experiment_id: str, tags: Mapping[str, str], order_newest_first: bool = True):
-    """Runs of the experiment carrying all these tags (keys quoted: they hold dots)."""
+def search_runs(
+    client,
+    experiment_id: str,
+    tags: Mapping[str, str],
+    order_newest_first: bool = True,
+    deleted: bool = False,
+):
+    """Runs of the experiment carrying all these tags (keys quoted: they hold dots); ``deleted`` adds those."""
+    from mlflow.entities import ViewType
+
     clauses = [f"tags.`{key}` = '{_filter_value(value)}'" for key, value in tags.items()]
     order = ["attributes.start_time DESC"] if order_newest_first else ["attributes.start_time ASC"]
-    return client.search_runs([experiment_id], " and ".join(clauses), max_results=1000, order_by=order)
+    view = ViewType.ALL if deleted else ViewType.ACTIVE_ONLY
+    return client.search_runs(
+        [experiment_id], " and ".join(clauses), run_view_type=view, max_results=1000, order_by=order
+    )
 
 
 def parent_spec(config: PipelineConfig, snapshot: str, lineage: Lineage) -> tuple[str, str, dict[str, str]]:
@@ -150,16 +162,38 @@ def parent_spec(config: PipelineConfig, snapshot: str, lineage: Lineage) -> tupl
 
 
 def find_or_create_parent(client, experiment_id: str, key: str, name: str, tags: Mapping[str, str]) -> str:
-    """The parent run with this key; concurrent creators (mapped tasks) converge on the oldest one."""
+    """The parent run with this key, created when absent.
+
+    Concurrent stages of one DAG run (mapped tasks) may each create one; ``reconcile_parents`` keeps the
+    oldest and moves the others' children to it. Each stage reconciles again when it finishes, and the
+    last to finish sees every parent that was created, so they converge on one.
+    """
     found = search_runs(client, experiment_id, {TAG_PARENT_KEY: key}, order_newest_first=False)
     if found:
         return found[0].info.run_id
-    created = client.create_run(experiment_id, run_name=name, tags={**tags, TAG_PARENT_KEY: key})
-    found = search_runs(client, experiment_id, {TAG_PARENT_KEY: key}, order_newest_first=False)
-    winner = found[0].info.run_id if found else created.info.run_id
-    if winner != created.info.run_id:
-        client.delete_run(created.info.run_id)
-    return winner
+    client.create_run(experiment_id, run_name=name, tags={**tags, TAG_PARENT_KEY: key})
+    return reconcile_parents(client, experiment_id, key)
+
+
+def reconcile_parents(client, experiment_id: str, key: str) -> str | None:
+    """Keep the oldest parent ever created with this key (restoring it if a reconciler with a partial view
+    deleted it); move every other parent's children to it and delete the others."""
+    from mlflow.exceptions import MlflowException
+
+    found = search_runs(client, experiment_id, {TAG_PARENT_KEY: key}, deleted=True)
+    if not found:
+        return None
+    winner, *losers = sorted(found, key=lambda run: (run.info.start_time, run.info.run_id))
+    if winner.info.lifecycle_stage == "deleted":
+        with contextlib.suppress(MlflowException):
+            client.restore_run(winner.info.run_id)
+    for loser in losers:
+        for child in search_runs(client, experiment_id, {PARENT_TAG: loser.info.run_id}):
+            client.set_tag(child.info.run_id, PARENT_TAG, winner.info.run_id)
+        if loser.info.lifecycle_stage != "deleted":
+            with contextlib.suppress(MlflowException):  # another stage deleted it first
+                client.delete_run(loser.info.run_id)
+    return winner.info.run_id
 
 
 # --- datasets ----------------------------------------------------------------------------------------
@@ -245,6 +279,7 @@ class TrackedRun:
         self._last_flush = time.monotonic()
         self._warned = False
         self.parent_id: str | None = None
+        self.parent_key: str | None = None
 
     # construction
 
@@ -261,19 +296,23 @@ class TrackedRun:
         log_config: bool = True,
     ) -> TrackedRun:
         """Create a run for one execution of ``stage``, nested under its DAG run (or snapshot) parent."""
+        from mlflow.exceptions import MlflowException
+
         lineage = lineage or Lineage.from_env()
         client = mlflow_client(config)
         experiment_id = ensure_experiment(client, config)
         tags = stage_tags(config, stage, snapshot, lineage)
-        parent_id = None
+        parent_id = parent_key = None
         if nested:
-            parent_id = find_or_create_parent(client, experiment_id, *parent_spec(config, snapshot, lineage))
+            parent_key, parent_name, parent_tags = parent_spec(config, snapshot, lineage)
+            parent_id = find_or_create_parent(client, experiment_id, parent_key, parent_name, parent_tags)
             tags[PARENT_TAG] = parent_id
-            client.update_run(parent_id, status="RUNNING")
+            with contextlib.suppress(MlflowException):  # a concurrent stage may be reconciling it away
+                client.update_run(parent_id, status="RUNNING")
         try_suffix = f" (try {lineage.try_number})" if lineage.try_number and lineage.try_number > 1 else ""
         run = client.create_run(experiment_id, run_name=f"{stage} {snapshot}{try_suffix}", tags=tags)
         tracked = cls(client, run.info.run_id, experiment_id, required=config.tracking.required)
-        tracked.parent_id = parent_id
+        tracked.parent_id, tracked.parent_key = parent_id, parent_key
         if log_config:
             tracked.log_config(config)
         manifests = []
@@ -427,10 +466,17 @@ class TrackedRun:
 
     def finish(self, status: str = "FINISHED") -> None:
         """Flush metrics and end the run; the parent shows the status of its latest finished stage."""
+        from mlflow.exceptions import MlflowException
+
         self.flush()
         self.client.set_terminated(self.run_id, status)
+        if self.parent_key:
+            self.parent_id = (
+                reconcile_parents(self.client, self.experiment_id, self.parent_key) or self.parent_id
+            )
         if self.parent_id:
-            self.client.set_terminated(self.parent_id, status)
+            with contextlib.suppress(MlflowException):
+                self.client.set_terminated(self.parent_id, status)
 
 
 # --- the stage_main hook ----------------------------------------------------------------------------

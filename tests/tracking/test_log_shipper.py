@@ -432,3 +432,15 @@ def test_another_shipper_holding_the_lock_is_respected(tmp_path, proxy, data_str
     with first._lock(blocking=True):
         assert second.ship_once(blocking=False).skipped
     assert second.ship_once(blocking=False).delivered == 1
+
+
+def test_ship_logs_help_names_its_options(capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ship-logs", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(
+        option in out for option in ("--url", "--follow", "--data-stream", "--set", "ELASTICSEARCH_API_KEY")
+    )

@@ -27,6 +27,7 @@ from pipeline.tracking.mlflow_runs import (
     TrackingError,
     experiment_name,
     manifest_metrics,
+    registered_model_name,
     tracking_uri,
 )
 
@@ -50,18 +51,6 @@ def fail(config, inputs, output):
     raise RuntimeError("stage broke")
 
 
-def argv(root, snapshot, *extra):
-    return [
-        "--snapshot",
-        snapshot,
-        "--set",
-        f"project.data_root={root}",
-        "--set",
-        "logging.console=false",
-        *extra,
-    ]
-
-
 def airflow_env(monkeypatch, dag_id, run_id, task_id, try_number=1):
     monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", dag_id)
     monkeypatch.setenv("AIRFLOW_CTX_DAG_RUN_ID", run_id)
@@ -76,6 +65,27 @@ def root(tmp_path, monkeypatch):
     return tmp_path / "data"
 
 
+@pytest.fixture
+def argv(root, mlflow_store, experiment):
+    """CLI arguments for a stage on this test's data root, recording into the shared store."""
+
+    def build(snapshot, *extra):
+        settings_ = [
+            f"project.data_root={root}",
+            "logging.console=false",
+            f"tracking.mlflow_tracking_uri={mlflow_store}",
+            f"tracking.experiment={experiment}",
+        ]
+        return ["--snapshot", snapshot, *[arg for item in settings_ for arg in ("--set", item)], *extra]
+
+    return build
+
+
+def experiment_runs(store, experiment):
+    client = MlflowClient(store)
+    return client, client.get_experiment_by_name(experiment)
+
+
 def runs_by_stage(client, experiment_id):
     runs = client.search_runs([experiment_id], max_results=1000)
     return {
@@ -85,31 +95,27 @@ def runs_by_stage(client, experiment_id):
     }
 
 
-def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(root, monkeypatch):
+def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(
+    root, argv, mlflow_store, experiment, monkeypatch
+):
     run_a = "manual__2026-11-28T00:00:00+00:00"
     run_b = "scheduled__2026-11-29T00:00:00+00:00"
     airflow_env(monkeypatch, "pretrain_pipeline", run_a, "alpha")
-    assert stage_main(argv(root, "s1"), stage="alpha", description="", run=publish(5, 11)) == 0
+    assert stage_main(argv("s1"), stage="alpha", description="", run=publish(5, 11)) == 0
     airflow_env(monkeypatch, "pretrain_pipeline", run_a, "beta", try_number=2)
     assert (
-        stage_main(
-            argv(root, "s1"), stage="beta", description="", run=publish(3, 12), input_stages=("alpha",)
-        )
-        == 0
+        stage_main(argv("s1"), stage="beta", description="", run=publish(3, 12), input_stages=("alpha",)) == 0
     )
     airflow_env(monkeypatch, "pretrain_pipeline", run_b, "alpha")
-    assert stage_main(argv(root, "s2"), stage="alpha", description="", run=publish(4, 13)) == 0
+    assert stage_main(argv("s2"), stage="alpha", description="", run=publish(4, 13)) == 0
 
-    config = load_config(None, [f"project.data_root={root}", "logging.console=false"], environ={})
-    assert tracking_uri(config) == f"sqlite:///{root}/mlflow.db"
-    client = MlflowClient(tracking_uri(config))
-    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
-    assert experiment is not None and experiment_name(config) == "pretrain-sample-tiny"
-    stages = runs_by_stage(client, experiment.experiment_id)
+    config = load_config(None, argv("s1")[3::2], environ={})
+    client, found = experiment_runs(mlflow_store, experiment)
+    stages = runs_by_stage(client, found.experiment_id)
     assert set(stages) == {("alpha", run_a), ("beta", run_a), ("alpha", run_b)}
     parents = {
         run.data.tags["airflow.run_id"]: run
-        for run in client.search_runs([experiment.experiment_id])
+        for run in client.search_runs([found.experiment_id])
         if run.data.tags.get("pretrain.kind") == "dag_run"
     }
     assert set(parents) == {run_a, run_b}
@@ -137,6 +143,7 @@ def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(root,
     assert by_context["input"].digest == alpha_manifest.digest
     assert by_context["input"].name == "sample/alpha/s1"
     assert json.loads(by_context["input"].source)["uri"] == alpha_manifest.path
+    assert json.loads(by_context["input"].profile)["rows"] == {"documents": 5}
     assert by_context["output"].digest == beta_manifest.digest
     alpha_inputs = stages[("alpha", run_a)].inputs.dataset_inputs
     assert [d.dataset.digest for d in alpha_inputs] == [alpha_manifest.digest]
@@ -150,12 +157,11 @@ def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(root,
     assert parents[run_a].info.status == "FINISHED"
 
 
-def test_outside_airflow_stages_of_a_snapshot_share_a_parent(root):
-    stage_main(argv(root, "hand"), stage="alpha", description="", run=publish(2, 1))
-    stage_main(argv(root, "hand"), stage="beta", description="", run=publish(2, 2), input_stages=("alpha",))
-    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
-    runs = client.search_runs([experiment.experiment_id])
+def test_outside_airflow_stages_of_a_snapshot_share_a_parent(argv, mlflow_store, experiment):
+    stage_main(argv("hand"), stage="alpha", description="", run=publish(2, 1))
+    stage_main(argv("hand"), stage="beta", description="", run=publish(2, 2), input_stages=("alpha",))
+    client, found = experiment_runs(mlflow_store, experiment)
+    runs = client.search_runs([found.experiment_id])
     parents = [r for r in runs if r.data.tags.get("pretrain.kind") == "snapshot"]
     children = [r for r in runs if r.data.tags.get("pretrain.kind") == "stage"]
     assert len(parents) == 1 and parents[0].data.tags["pretrain.snapshot"] == "hand"
@@ -163,13 +169,12 @@ def test_outside_airflow_stages_of_a_snapshot_share_a_parent(root):
     assert not any(key.startswith("airflow.") for c in children for key in c.data.tags)
 
 
-def test_a_failing_stage_is_reraised_and_its_run_marked_failed(root, monkeypatch):
+def test_a_failing_stage_is_reraised_and_its_run_marked_failed(argv, mlflow_store, experiment, monkeypatch):
     airflow_env(monkeypatch, "pretrain_pipeline", "r1", "alpha")
     with pytest.raises(RuntimeError, match="stage broke"):
-        stage_main(argv(root, "s1"), stage="alpha", description="", run=fail)
-    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    experiment = client.get_experiment_by_name("pretrain-sample-tiny")
-    (run,) = runs_by_stage(client, experiment.experiment_id).values()
+        stage_main(argv("s1"), stage="alpha", description="", run=fail)
+    client, found = experiment_runs(mlflow_store, experiment)
+    (run,) = runs_by_stage(client, found.experiment_id).values()
     assert run.info.status == "FAILED"
     parent = client.get_run(run.data.tags[PARENT_TAG])
     assert parent.info.status == "FAILED"
@@ -187,10 +192,10 @@ def unreachable_server(monkeypatch):
     return f"http://127.0.0.1:{port}"
 
 
-def test_tracking_failure_warns_and_the_stage_still_publishes(root, unreachable_server, caplog, capsys):
+def test_tracking_failure_warns_and_the_stage_still_publishes(root, argv, unreachable_server, caplog, capsys):
     with caplog.at_level(logging.ERROR, logger="pipeline.tracking.mlflow_runs"):
         code = stage_main(
-            argv(root, "s1", "--set", f"tracking.mlflow_tracking_uri={unreachable_server}"),
+            argv("s1", "--set", f"tracking.mlflow_tracking_uri={unreachable_server}"),
             stage="alpha",
             description="",
             run=publish(2, 3),
@@ -203,12 +208,11 @@ def test_tracking_failure_warns_and_the_stage_still_publishes(root, unreachable_
     assert "MLflow tracking of stage 'alpha'" in capsys.readouterr().err
 
 
-def test_required_tracking_fails_the_stage_before_it_runs(root, unreachable_server):
+def test_required_tracking_fails_the_stage_before_it_runs(argv, unreachable_server):
     ran = []
     with pytest.raises(TrackingError, match=r"tracking\.required=true"):
         stage_main(
             argv(
-                root,
                 "s1",
                 "--set",
                 f"tracking.mlflow_tracking_uri={unreachable_server}",
@@ -222,17 +226,17 @@ def test_required_tracking_fails_the_stage_before_it_runs(root, unreachable_serv
     assert ran == []
 
 
-def test_stage_runs_can_be_switched_off(root):
+def test_stage_runs_can_be_switched_off(argv, mlflow_store, experiment):
     stage_main(
-        argv(root, "s1", "--set", "tracking.stage_runs=false"),
+        argv("s1", "--set", "tracking.stage_runs=false"),
         stage="alpha",
         description="",
         run=publish(1, 1),
     )
-    assert not (root / "mlflow.db").exists()
+    assert MlflowClient(mlflow_store).get_experiment_by_name(experiment) is None
 
 
-def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs(root, monkeypatch):
+def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs(argv, mlflow_store):
     seen = {}
 
     def run(config, inputs, output):
@@ -241,34 +245,55 @@ def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs
         seen["env"] = os.environ.get(ENV_RUN_ID)
         return publish(1, 1)(config, inputs, output)
 
-    stage_main(argv(root, "s1"), stage="train", description="", run=run)
-    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
-    run_record = client.get_run(seen["env"])
+    stage_main(argv("s1"), stage="train", description="", run=run)
+    run_record = MlflowClient(mlflow_store).get_run(seen["env"])
     assert run_record.data.tags["pretrain.stage"] == "train"
     import os
 
     assert ENV_RUN_ID not in os.environ
 
 
-def test_concurrent_parent_creation_converges_on_one_parent(root):
-    config = load_config(None, [f"project.data_root={root}"], environ={})
-    client = mlflow_runs.mlflow_client(config)
-    experiment_id = mlflow_runs.ensure_experiment(client, config)
-    key, name, tags = mlflow_runs.parent_spec(config, "s", mlflow_runs.Lineage("dag", "run-1", "t", 1))
-    results, barrier = [], threading.Barrier(4)
+def test_concurrent_stages_of_one_dag_run_converge_on_one_parent(argv):
+    config = load_config(None, argv("s")[3::2], environ={})
+    lineage = mlflow_runs.Lineage("dag", "run-1", "mapped_task", 1)
+    started, errors, barrier = [], [], threading.Barrier(4)
 
-    def create():
-        barrier.wait()
-        results.append(mlflow_runs.find_or_create_parent(client, experiment_id, key, name, tags))
+    def stage(index):
+        try:
+            barrier.wait(timeout=120)
+            run = mlflow_runs.TrackedRun.start_stage_run(config, f"crawl{index}", "s", lineage=lineage)
+            started.append(run)
+            barrier.wait(timeout=120)  # all have picked a parent before any finishes
+            run.finish()
+        except Exception as exc:
+            errors.append(exc)
+            barrier.abort()
 
-    threads = [threading.Thread(target=create) for _ in range(4)]
+    threads = [threading.Thread(target=stage, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    alive = mlflow_runs.search_runs(client, experiment_id, {mlflow_runs.TAG_PARENT_KEY: key})
-    assert len(alive) == 1
-    assert set(results) == {alive[0].info.run_id}
+    assert not errors, errors
+    client = started[0].client
+    key = mlflow_runs.parent_spec(config, "s", lineage)[0]
+    (parent,) = mlflow_runs.search_runs(client, started[0].experiment_id, {mlflow_runs.TAG_PARENT_KEY: key})
+    children = mlflow_runs.search_runs(client, started[0].experiment_id, {PARENT_TAG: parent.info.run_id})
+    assert sorted(c.data.tags["pretrain.stage"] for c in children) == [f"crawl{i}" for i in range(4)]
+
+
+def test_default_store_experiment_and_model_names(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = load_config(None, [f"project.data_root={tmp_path}"], environ={})
+    assert tracking_uri(config) == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert tracking_uri(config) == "http://mlflow.example:5000"
+    configured = load_config(None, ["tracking.mlflow_tracking_uri=http://other:5000"], environ={})
+    assert tracking_uri(configured) == "http://other:5000"
+    assert experiment_name(config) == "pretrain-sample-tiny"
+    base = load_config(None, ["project.corpus=web", "model.preset=base"], environ={})
+    assert experiment_name(base) == "pretrain-web-base" and registered_model_name(base) == "pretrain-web-base"
+    assert registered_model_name(load_config(None, ["tracking.registered_model="], environ={})) is None
 
 
 counter_trees = st.recursive(
