@@ -262,8 +262,9 @@ class TrackingConfig(Section):
     required: bool = Field(
         False, description="fail a stage when recording it in MLflow fails (default: log an error, go on)"
     )
+    register_model: bool = Field(True, description="register the trained model in the MLflow Model Registry")
     registered_model: str | None = Field(
-        None, description="Model Registry name; default: pretrain-<corpus>-<model preset>; '' disables"
+        None, description="Model Registry name; default: pretrain-<corpus>-<model preset>"
     )
     checkpoint_artifact: Literal["weights", "pointer"] = Field(
         "weights", description="log the final weights as an artifact, or only a pointer to the checkpoint"

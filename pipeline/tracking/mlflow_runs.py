@@ -66,10 +66,10 @@ def experiment_name(config: PipelineConfig) -> str:
 
 
 def registered_model_name(config: PipelineConfig) -> str | None:
-    name = config.tracking.registered_model
-    if name is None:
-        return f"pretrain-{config.project.corpus}-{config.model.preset}"
-    return name or None
+    """The Model Registry name, or None when tracking.register_model is false."""
+    if not config.tracking.register_model:
+        return None
+    return config.tracking.registered_model or f"pretrain-{config.project.corpus}-{config.model.preset}"
 
 
 def mlflow_client(config: PipelineConfig):

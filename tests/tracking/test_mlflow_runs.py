@@ -293,7 +293,11 @@ def test_default_store_experiment_and_model_names(tmp_path, monkeypatch):
     assert experiment_name(config) == "pretrain-sample-tiny"
     base = load_config(None, ["project.corpus=web", "model.preset=base"], environ={})
     assert experiment_name(base) == "pretrain-web-base" and registered_model_name(base) == "pretrain-web-base"
-    assert registered_model_name(load_config(None, ["tracking.registered_model="], environ={})) is None
+    assert registered_model_name(load_config(None, ["tracking.register_model=false"], environ={})) is None
+    assert (
+        registered_model_name(load_config(None, ["tracking.registered_model=gpt-web"], environ={}))
+        == "gpt-web"
+    )
 
 
 counter_trees = st.recursive(
