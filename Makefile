@@ -9,13 +9,14 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test lint format check-java venv bench-venv clean-data help
+.PHONY: demo test lint format check-java venv bench-venv clean-data help es-test
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
+	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
 
 venv: $(STAMP)
 
@@ -52,6 +53,12 @@ format: $(STAMP)
 
 test: $(STAMP) check-java lint
 	$(BIN)/python -m pytest
+
+# The log shipper's protocol tests, run against a real cluster instead of the local stand-in.
+# Credentials: ELASTICSEARCH_API_KEY, or ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD.
+es-test: $(STAMP)
+	@test -n "$(ELASTICSEARCH_URL)" || { echo "es-test needs ELASTICSEARCH_URL=http(s)://host:9200" >&2; exit 2; }
+	ELASTICSEARCH_URL="$(ELASTICSEARCH_URL)" $(BIN)/python -m pytest tests/tracking/test_log_shipper.py
 
 clean-data:
 	rm -rf data .airflow

@@ -97,7 +97,8 @@ class Spool:
         self._write(self.folder / f"segment-{number:012d}.ndjson", actions)
 
     def read(self, segment: Path) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in segment.read_text(encoding="utf-8").splitlines() if line]
+        # Split on "\n" only: str.splitlines() also breaks at U+0085 and U+2028, which JSON leaves unescaped.
+        return [json.loads(line) for line in segment.read_text(encoding="utf-8").split("\n") if line]
 
     def replace(self, segment: Path, remaining: list[dict[str, Any]]) -> None:
         if remaining:

@@ -422,6 +422,9 @@ def test_spool_keeps_order_across_partial_replays(tmp_path):
     spool.replace(spool.segments()[0], [])
     assert [a["_id"] for s in spool.segments() for a in spool.read(s)] == ["c", "d"]
     assert spool.count() == 2
+    tricky = [{"_id": "e", "_source": {"message": "nel\x85 ls\u2028 ps\u2029 cr\r lf\n ff\x0c"}}]
+    spool.append(tricky)
+    assert spool.read(spool.segments()[-1]) == tricky
 
 
 def test_another_shipper_holding_the_lock_is_respected(tmp_path, proxy, data_stream):
