@@ -69,7 +69,24 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
 
 
-class FakeElasticsearch:
+class _LocalServer:
+    """An HTTP server on a free 127.0.0.1 port, serving in a thread while used as a context manager."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = _Server(("127.0.0.1", 0), handler)
+        self._server.app = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FakeElasticsearch(_LocalServer):
     """In-memory Elasticsearch 9 subset. ``url`` once started; use as a context manager."""
 
     def __init__(self) -> None:
@@ -79,17 +96,7 @@ class FakeElasticsearch:
         self.indices: dict[str, dict[str, dict]] = {}  # target name -> id -> source
         self.bulk_requests = 0
         self.lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.app = self
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeElasticsearch:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(_Handler)
 
     # routing
 
@@ -270,7 +277,7 @@ def mapping_problem(properties: dict, source: dict, prefix: str = "") -> str | N
     return None
 
 
-class FaultProxy:
+class FaultProxy(_LocalServer):
     """Forwards to ``upstream``; each request takes the next action of ``plan`` (then "ok").
 
     Actions: "ok"; "down" (close the connection without answering); "429", "502", "503" (answer that
@@ -289,17 +296,7 @@ class FaultProxy:
         self.pool = urllib3.PoolManager(
             **({"cert_reqs": "CERT_NONE"} if upstream.startswith("https") else {})
         )
-        self._server = _Server(("127.0.0.1", 0), _ProxyHandler)
-        self._server.app = self
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FaultProxy:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(_ProxyHandler)
 
     def set_plan(self, actions: list[str]) -> None:
         with self.lock:
