@@ -1,4 +1,4 @@
-"""Sample generations from a checkpoint: a small greedy loop over ``GPT.forward``, for the MLflow record."""
+"""Sample generations from a checkpoint (greedy, through ``GPT.generate``), for the MLflow record."""
 
 from __future__ import annotations
 
@@ -22,18 +22,17 @@ def load_model(state: dict[str, Any]) -> GPT:
 def greedy_generate(
     model: GPT, prompt_ids: list[int], max_new_tokens: int, stop_id: int | None = None
 ) -> list[int]:
-    """Append the arg-max token ``max_new_tokens`` times (or until ``stop_id``); returns only the new ids."""
+    """Greedy continuation through ``GPT.generate``, cut at ``stop_id``; returns only the new ids.
+
+    A prompt longer than the context keeps its end; the continuation stops at the context length.
+    """
     window = model.config.max_position_embeddings
-    ids = list(prompt_ids)
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        logits, _ = model(torch.tensor([ids[-window:]], dtype=torch.long))
-        token = int(logits[0, -1].argmax())
-        if token == stop_id:
-            break
-        ids.append(token)
-        new.append(token)
-    return new
+    prompt = list(prompt_ids)[-(window - 1) :]
+    budget = min(max_new_tokens, window - len(prompt))
+    new = model.generate(torch.tensor([prompt], dtype=torch.long), budget, temperature=0)[
+        0, len(prompt) :
+    ].tolist()
+    return new[: new.index(stop_id)] if stop_id in new else new
 
 
 def sample_generations(
