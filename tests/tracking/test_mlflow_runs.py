@@ -60,8 +60,13 @@ def airflow_env(monkeypatch, dag_id, run_id, task_id, try_number=1):
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv(ENV_RUN_ID, raising=False)
+    # Airflow's dag.test() (the end-to-end test) leaves AIRFLOW_CTX_* in this process's environment.
+    for name in (
+        "MLFLOW_TRACKING_URI",
+        ENV_RUN_ID,
+        *(f"AIRFLOW_CTX_{k}" for k in ("DAG_ID", "DAG_RUN_ID", "TASK_ID", "TRY_NUMBER")),
+    ):
+        monkeypatch.delenv(name, raising=False)
     return tmp_path / "data"
 
 
