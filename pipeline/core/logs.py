@@ -84,15 +84,7 @@ def setup_logging(
         setattr(console, _HANDLER_MARK, True)
         root.addHandler(console)
 
-    for noisy in (
-        "py4j",
-        "urllib3",
-        "filelock",
-        "matplotlib",
-        "alembic",
-        "scrapy.core.scraper",
-        "elastic_transport",
-    ):
+    for noisy in ("py4j", "urllib3", "filelock", "matplotlib", "alembic", "scrapy.core.scraper"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if config.logging.ship_in_process:
         # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).

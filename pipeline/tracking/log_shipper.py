@@ -38,6 +38,8 @@ from pipeline.core.config import ConfigError, PipelineConfig, load_config
 from pipeline.core.storage import local_path
 
 log = logging.getLogger(__name__)
+# The Elasticsearch client logs every request at INFO; in-process those lines would be shipped in turn.
+logging.getLogger("elastic_transport").setLevel(logging.WARNING)
 STATE_FOLDER = "_ship"
 LOG_GLOB = "_runs/*/logs/*.ecs.json"
 
