@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
     ),
     "clean": ("pipeline.clean.__main__", "Spark: extract main text, normalise, filter, de-duplicate"),
+    "dedup": ("pipeline.dedup.__main__", "Spark: URL, exact and MinHash-LSH near-duplicate removal"),
     "tokenize": (
         "pipeline.tokenization.__main__",
         "train a byte-level BPE and encode documents into token shards",

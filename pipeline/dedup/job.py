@@ -1,0 +1,483 @@
+"""The dedup stage as a Spark job: clean documents in, unique documents, duplicates and exclusions out.
+
+Steps (datatrove style: each one only decides and counts, rows are split at the end):
+
+1. ``features``    one Python pass over Arrow batches: canonical URL, exact key (BLAKE2b-128 of the
+                   normalised text), shingle counts and the LSH band keys of the MinHash signature;
+2. ``url_dedup``   per canonical URL keep the newest fetch (then the smallest id)      -> url_duplicate
+3. ``exact_dedup`` per exact key keep the smallest id                                 -> exact_duplicate
+4. ``near_dedup``  band collisions among exact survivors link each member to its bucket's smallest id
+                   (n - 1 links per bucket, never n^2 pairs), links are verified with the true Jaccard,
+                   then connected components (large-star / small-star) give each document its
+                   component's smallest id                                            -> near_duplicate
+5. ``split``       kept rows to ``documents/``, removed rows with their reason to ``excluded/``, every
+                   member of a cluster to ``duplicates/`` with its exact Jaccard to the representative.
+
+A removed document's representative is the document that stays for it: its URL's newest fetch, that
+one's exact-duplicate group minimum, and that one's near-duplicate component minimum, in this order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.core.config import DedupConfig, PipelineConfig
+from pipeline.core.manifest import Manifest
+from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.dedup.components import connected_components
+from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
+from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
+from pipeline.dedup.urls import canonical_url
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+STAGE = "dedup"
+URL_DUPLICATE = "url_duplicate"
+EXACT_DUPLICATE = "exact_duplicate"
+NEAR_DUPLICATE = "near_duplicate"
+NULL_TEXT = "null_text"
+
+FEATURES_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("has_text", pa.bool_()),
+        ("canonical_url", pa.string()),
+        ("exact_key", pa.binary()),
+        ("n_bytes", pa.int64()),
+        ("n_tokens", pa.int64()),
+        ("n_shingles", pa.int64()),
+        ("band_keys", pa.list_(pa.int64())),
+    ]
+)
+SIMILARITY_SCHEMA = pa.schema([("src", pa.string()), ("dst", pa.string()), ("similarity", pa.float64())])
+
+
+class StepClock:
+    """Seconds per step, logged as each step ends and kept for the manifest."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def done(self, step: str, message: str = "", *args) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(now - self._last, 2)
+        self._last = now
+        log.info(f"dedup %s (%.1fs) {message}", step, self.seconds[step], *args)
+
+
+class DedupInputError(ValueError):
+    """The input breaks the contract this stage relies on (unique non-null ids, required columns)."""
+
+
+def minhasher(dedup: DedupConfig, seed: int) -> MinHasher:
+    if dedup.bands is not None:
+        bands, rows = dedup.bands, dedup.rows
+    else:
+        bands, rows = optimal_bands_rows(
+            dedup.threshold, dedup.num_perm, dedup.false_positive_weight, dedup.false_negative_weight
+        )
+    return MinHasher(dedup.ngram_size, dedup.cjk_ngram_size, bands, rows, seed)
+
+
+def _exact_keys(normalized: pa.Array, texts: pa.Array) -> list[bytes]:
+    """BLAKE2b-128 of the normalised text; a text with no token at all is keyed by its raw bytes instead."""
+    keys = []
+    for norm, raw in zip(normalized.to_pylist(), texts.to_pylist(), strict=True):
+        payload = b"n" + norm.encode() if norm else b"r" + (raw or "").encode()
+        keys.append(hashlib.blake2b(payload, digest_size=16).digest())
+    return keys
+
+
+def feature_batches(
+    batches: Iterator[pa.RecordBatch], hasher: MinHasher, with_urls: bool, with_bands: bool
+) -> Iterator[pa.RecordBatch]:
+    """FEATURES_SCHEMA for each batch of (id, text[, url, fetch_time]); fetch_time passes through."""
+    for batch in batches:
+        texts = batch.column("text")
+        normalized = normalize_for_dedup(texts)
+        shingles = hasher.shingles(texts)
+        counts = shingles.counts
+        if with_bands:
+            keys = hasher.band_keys(hasher.signatures(shingles)).view(np.int64)
+            offsets = np.arange(0, keys.size + 1, keys.shape[1], dtype=np.int32)
+            bands = pa.ListArray.from_arrays(offsets, pa.array(keys.ravel(), pa.int64()))
+            # A document without shingles has no signature: leave it out of LSH rather than collide.
+            bands = pc.if_else(pa.array(counts > 0), bands, pa.scalar(None, bands.type))
+        else:
+            bands = pa.nulls(len(batch), pa.list_(pa.int64()))
+        urls = (
+            pa.array([canonical_url(u) for u in batch.column("url").to_pylist()], pa.string())
+            if with_urls
+            else pa.nulls(len(batch), pa.string())
+        )
+        columns = [
+            batch.column("id"),
+            pc.is_valid(texts),
+            urls,
+            pa.array(_exact_keys(normalized, texts), pa.binary()),
+            pc.fill_null(pc.binary_length(texts), 0).cast(pa.int64()),
+            pa.array(shingles.tokens, pa.int64()),
+            pa.array(counts, pa.int64()),
+            bands,
+        ]
+        schema = FEATURES_SCHEMA
+        if with_urls:
+            columns.append(batch.column("fetch_time"))
+            schema = schema.append(batch.schema.field("fetch_time"))
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def similarity_batches(batches: Iterator[pa.RecordBatch], hasher: MinHasher) -> Iterator[pa.RecordBatch]:
+    """Exact Jaccard of (src text, dst text) for each row, vectorised over the batch."""
+    for batch in batches:
+        similarity = jaccard_pairs(
+            hasher.shingles(batch.column("src_text")), hasher.shingles(batch.column("dst_text"))
+        )
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("src"), batch.column("dst"), pa.array(similarity, pa.float64())],
+            schema=SIMILARITY_SCHEMA,
+        )
+
+
+def pair_similarity(pairs: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
+    """(src, dst, similarity) for (src, dst) pairs, looking both texts up in ``texts`` (id, text)."""
+    from pyspark.sql import functions as F
+
+    with_texts = pairs.join(
+        texts.select(F.col("id").alias("src"), F.col("text").alias("src_text")), "src"
+    ).join(texts.select(F.col("id").alias("dst"), F.col("text").alias("dst_text")), "dst")
+    return with_texts.select("src", "dst", "src_text", "dst_text").mapInArrow(
+        lambda batches: similarity_batches(batches, hasher), spark_schema(SIMILARITY_SCHEMA)
+    )
+
+
+def near_duplicates(
+    candidates: DataFrame, texts: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
+) -> tuple[DataFrame, dict]:
+    """(node, root) for every document of ``candidates`` (id, band_keys) in a verified cluster of 2+."""
+    from pyspark.sql import functions as F
+
+    members = candidates.where(F.col("band_keys").isNotNull()).select(
+        "id", F.posexplode("band_keys").alias("band", "bucket")
+    )
+    # Link each member to the smallest id of its bucket: a bucket of n documents gives n - 1 links.
+    buckets = (
+        members.groupBy("band", "bucket")
+        .agg(F.min("id").alias("head"), F.count(F.lit(1)).alias("size"))
+        .where(F.col("size") > 1)
+    )
+    links = (
+        members.join(buckets, ["band", "bucket"])
+        .where(F.col("id") != F.col("head"))
+        .groupBy(F.col("id").alias("src"), F.col("head").alias("dst"))
+        .agg(F.max("size").alias("bucket_size"))
+        .cache()
+    )
+    if dedup.verify:
+        scored = pair_similarity(links.select("src", "dst"), texts, hasher).join(links, ["src", "dst"])
+    else:
+        scored = links.withColumn("similarity", F.lit(None).cast("double"))
+    scored = scored.cache()
+    stats = scored.agg(
+        F.count(F.lit(1)).alias("pairs"),
+        F.count(F.when(F.col("similarity") >= dedup.threshold, 1)).alias("verified"),
+        F.max("bucket_size").alias("largest_bucket"),
+    ).first()
+    links.unpersist()
+    candidate_pairs = int(stats["pairs"])
+    verified = int(stats["verified"]) if dedup.verify else candidate_pairs
+    clock.done(
+        "near_dedup.candidates",
+        "%d candidate pairs from band collisions, %d verified (Jaccard >= %.2f)",
+        candidate_pairs,
+        verified,
+        dedup.threshold,
+    )
+    edges = scored.where(F.col("similarity") >= dedup.threshold) if dedup.verify else scored
+    roots, rounds = connected_components(edges, "src", "dst", dedup.max_iterations)
+    roots = roots.cache()
+    in_clusters = roots.count()
+    scored.unpersist()
+    clock.done(
+        "near_dedup.components", "%d documents in near-duplicate clusters, %d round(s)", in_clusters, rounds
+    )
+    return roots, {
+        "candidate_pairs": candidate_pairs,
+        "verified_pairs": verified,
+        "rejected_by_verification": candidate_pairs - verified,
+        "largest_bucket": int(stats["largest_bucket"] or 0),
+        "components_rounds": rounds,
+    }
+
+
+def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
+    missing = [name for name in ("id", "text") if name not in docs.columns]
+    if dedup.url_dedup:
+        missing += [name for name in ("url", "fetch_time") if name not in docs.columns]
+    if missing:
+        hint = " (or set dedup.url_dedup=false)" if {"url", "fetch_time"} & set(missing) else ""
+        raise DedupInputError(f"input documents lack column(s) {missing}{hint}; found {docs.columns}")
+    if "drop_reason" in docs.columns:
+        raise DedupInputError("input documents already have a drop_reason column; pass kept documents only")
+
+
+def document_features(docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock):
+    """Features of every input row, persisted, and the input checks done in the same pass."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    projected = docs.select("id", "text", *(["url", "fetch_time"] if dedup.url_dedup else []))
+    schema = spark_schema(FEATURES_SCHEMA)
+    if dedup.url_dedup:
+        schema = schema.add(projected.schema["fetch_time"])
+    features = projected.mapInArrow(
+        lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near), schema
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    stats = features.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count("id").alias("with_id"),
+        F.countDistinct("id").alias("distinct_ids"),
+        F.count(F.when(~F.col("has_text"), 1)).alias("null_text"),
+        F.count(F.when(F.col("has_text") & (F.col("n_tokens") == 0), 1)).alias("no_tokens"),
+        F.count(F.when(F.col("n_shingles") == 1, 1)).alias("one_shingle"),
+    ).first()
+    if stats["with_id"] != stats["rows"]:
+        features.unpersist()
+        raise DedupInputError(
+            f"{stats['rows'] - stats['with_id']} input row(s) have a null id; ids must be stable hashes"
+        )
+    if stats["distinct_ids"] != stats["rows"]:
+        features.unpersist()
+        raise DedupInputError(
+            f"{stats['rows'] - stats['distinct_ids']} input row(s) repeat another row's id; "
+            "ids must be unique (one row per URL, as the clean stage writes)"
+        )
+    counters = {
+        "input_documents": int(stats["rows"]),
+        "documents_without_tokens": int(stats["no_tokens"]),
+        "documents_with_one_shingle": int(stats["one_shingle"]),
+    }
+    clock.done(
+        "features",
+        "%d documents (%d null text, %d without tokens, %d shorter than an n-gram)",
+        stats["rows"],
+        stats["null_text"],
+        stats["no_tokens"],
+        stats["one_shingle"],
+    )
+    return features, int(stats["null_text"]), counters
+
+
+def decide(
+    docs: DataFrame, features: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
+) -> tuple[DataFrame, dict]:
+    """(id, drop_reason, representative_id, n_bytes) for every document with text, and step counters."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    with_text = features.where(F.col("has_text"))
+    if dedup.url_dedup:
+        # Newest fetch per canonical URL, ties to the smallest id. A document without a usable URL is a
+        # group of its own (keyed by its id: canonical URLs start with "//", so the keys cannot clash,
+        # and such documents do not pile up in one window partition).
+        group = F.coalesce(F.col("canonical_url"), F.concat(F.lit("id:"), F.col("id")))
+        newest_first = Window.partitionBy(group).orderBy(F.col("fetch_time").desc_nulls_last(), "id")
+        step = with_text.withColumn("url_rep", F.first("id").over(newest_first))
+    else:
+        step = with_text.withColumn("url_rep", F.col("id"))
+    step = step.select("id", "url_rep", "exact_key", "band_keys", "n_bytes")
+    survivors = step.where(F.col("url_rep") == F.col("id"))
+    if dedup.exact:
+        survivors = survivors.withColumn("exact_rep", F.min("id").over(Window.partitionBy("exact_key")))
+    else:
+        survivors = survivors.withColumn("exact_rep", F.col("id"))
+    survivors = survivors.select("id", "exact_rep", "band_keys").persist(StorageLevel.MEMORY_AND_DISK)
+    counts = survivors.agg(
+        F.count(F.lit(1)).alias("survivors"),
+        F.count(F.when(F.col("exact_rep") == F.col("id"), 1)).alias("unique"),
+    ).first()
+    clock.done(
+        "url_and_exact_dedup",
+        "%d documents after URL dedup, %d after exact dedup",
+        counts["survivors"],
+        counts["unique"],
+    )
+
+    counters: dict = {}
+    if dedup.near and counts["unique"]:
+        texts = docs.where(F.col("text").isNotNull()).select("id", "text")
+        roots, counters = near_duplicates(
+            survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
+        )
+        final = survivors.join(roots, survivors["exact_rep"] == roots["node"], "left").select(
+            "id", "exact_rep", F.coalesce("root", "exact_rep").alias("final_rep")
+        )
+    else:
+        roots = None
+        final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("final_rep"))
+
+    resolved = step.select("id", "url_rep", "n_bytes").join(
+        final.select(F.col("id").alias("url_rep"), "exact_rep", "final_rep"), "url_rep"
+    )
+    decisions = resolved.select(
+        "id",
+        F.when(F.col("url_rep") != F.col("id"), F.lit(URL_DUPLICATE))
+        .when(F.col("exact_rep") != F.col("id"), F.lit(EXACT_DUPLICATE))
+        .when(F.col("final_rep") != F.col("id"), F.lit(NEAR_DUPLICATE))
+        .alias("drop_reason"),
+        F.col("final_rep").alias("representative_id"),
+        "n_bytes",
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    decisions.count()
+    survivors.unpersist()
+    if roots is not None:
+        roots.unpersist()
+    clock.done("decide", "every document has its representative")
+    return decisions, counters
+
+
+def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
+    """Every member of every cluster: removed documents, and the representative each one points to."""
+    from pyspark.sql import functions as F
+
+    removed = decisions.where(F.col("drop_reason").isNotNull())
+    scored = pair_similarity(
+        removed.select(F.col("id").alias("src"), F.col("representative_id").alias("dst")), texts, hasher
+    )
+    members = removed.select("id", "representative_id", "drop_reason").join(
+        scored.select(F.col("src").alias("id"), "similarity"), "id"
+    )
+    heads = (
+        removed.select(F.col("representative_id").alias("id"))
+        .distinct()
+        .select(
+            "id",
+            F.col("id").alias("representative_id"),
+            F.lit(None).cast("string").alias("drop_reason"),
+            F.lit(1.0).alias("similarity"),
+        )
+    )
+    return members.unionByName(heads).select(
+        "id",
+        F.col("representative_id").alias("cluster_id"),
+        "representative_id",
+        "similarity",
+        "drop_reason",
+    )
+
+
+def _summary(decisions: DataFrame, null_text: int) -> dict:
+    """Documents and bytes per reason, and cluster counts, from the (small) decisions table."""
+    from pyspark.sql import functions as F
+
+    rows = decisions.groupBy("drop_reason").agg(
+        F.count(F.lit(1)).alias("documents"), F.sum("n_bytes").alias("bytes")
+    )
+    per_reason = {
+        row["drop_reason"] or "kept": (int(row["documents"]), int(row["bytes"] or 0))
+        for row in rows.collect()
+    }
+    if null_text:
+        per_reason[NULL_TEXT] = (null_text, 0)
+    clusters = (
+        decisions.where(F.col("drop_reason").isNotNull())
+        .groupBy("representative_id")
+        .count()
+        .agg(F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
+        .first()
+    )
+    kept_documents, kept_bytes = per_reason.pop("kept", (0, 0))
+    dropped = {reason: per_reason[reason][0] for reason in sorted(per_reason)}
+    dropped_bytes = {reason: per_reason[reason][1] for reason in sorted(per_reason)}
+    n_clusters = int(clusters["clusters"] or 0)
+    return {
+        "kept": kept_documents,
+        "kept_bytes": kept_bytes,
+        "dropped": dropped,
+        "dropped_bytes": dropped_bytes,
+        "removed_documents": sum(dropped.values()),
+        "removed_bytes": sum(dropped_bytes.values()),
+        "clusters": n_clusters,
+        # Removed members plus the representative.
+        "largest_cluster": int(clusters["largest"]) + 1 if n_clusters else 0,
+    }
+
+
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    (clean,) = inputs
+    dedup = config.dedup
+    hasher = minhasher(dedup, config.project.seed)
+    clock = StepClock()
+    with StageOutput(output, config, inputs) as out:
+        spark = spark_session(config, f"dedup-{output.corpus}-{output.snapshot}")
+        from pyspark.sql import functions as F
+
+        docs = spark.read.parquet(str(clean.path / "documents"))
+        _check_input(docs, dedup)
+        log.info(
+            "dedup: LSH %d bands x %d rows (%d permutations) for Jaccard >= %.2f; P(candidate | J) %s",
+            hasher.bands,
+            hasher.rows,
+            hasher.num_perm,
+            dedup.threshold,
+            s_curve_table(hasher.bands, hasher.rows),
+        )
+        clock.done("start")
+        features, null_text, counters = document_features(docs, hasher, dedup, clock)
+        decisions, near_counters = decide(docs, features, hasher, dedup, clock)
+        features.unpersist()
+
+        labelled = docs.join(decisions.select("id", "drop_reason"), "id", "left").withColumn(
+            "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
+        )
+        files = config.spark.output_files
+        kept = write_parquet(
+            labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
+        )
+        excluded = write_parquet(
+            labelled.where(F.col("drop_reason").isNotNull()).select(*docs.columns, "drop_reason"),
+            out.path / "excluded",
+            files,
+        )
+        texts = docs.where(F.col("text").isNotNull()).select("id", "text")
+        duplicates = write_parquet(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
+        clock.done(
+            "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
+        )
+
+        summary = _summary(decisions, null_text)
+        decisions.unpersist()
+        plot_s_curve(hasher.bands, hasher.rows, dedup.threshold, out.path / "lsh_s_curve.png")
+        clock.done(
+            "summary",
+            "removed %s in %d clusters",
+            summary["dropped"] or "nothing",
+            summary["clusters"],
+        )
+        return out.commit(
+            rows={"documents": kept, "excluded": excluded, "duplicates": duplicates},
+            counters={**counters, **summary, **near_counters},
+            extra={
+                "lsh": {
+                    "bands": hasher.bands,
+                    "rows": hasher.rows,
+                    "permutations": hasher.num_perm,
+                    "threshold": dedup.threshold,
+                    "collision_probability": s_curve_table(hasher.bands, hasher.rows),
+                },
+                "step_seconds": clock.seconds,
+            },
+        )

@@ -1,0 +1,40 @@
+"""Canonical URLs, so fetches of one page under cosmetic URL variants can be de-duplicated.
+
+Conservative on purpose: only differences that never change the page served by a normal site are removed
+(scheme, ``www.``, host case, default port, fragment, tracking parameters, parameter order, a trailing
+slash). Paths keep their case and other query parameters stay, so ``?page=2`` is not ``?page=3``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+TRACKING_PARAMETERS = frozenset(
+    {"fbclid", "gclid", "dclid", "msclkid", "mc_cid", "mc_eid", "yclid", "igshid", "_ga", "ref_src"}
+)
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def canonical_url(url: str | None) -> str | None:
+    """``//host/path?sorted&query`` without the cosmetic parts; None for a missing or unparsable URL."""
+    if not url or not url.strip():
+        return None
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        return None
+    host = host.removeprefix("www.")
+    netloc = host if port is None or port == DEFAULT_PORTS.get(parts.scheme.lower()) else f"{host}:{port}"
+    path = parts.path or "/"
+    if len(path) > 1:
+        path = path.rstrip("/") or "/"
+    query = sorted(
+        (key, value)
+        for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        if not key.lower().startswith("utm_") and key.lower() not in TRACKING_PARAMETERS
+    )
+    return f"//{netloc}{path}" + (f"?{urlencode(query)}" if query else "")
