@@ -2,17 +2,18 @@
 
 Conservative on purpose: only differences that never change the page served by a normal site are removed
 (scheme, ``www.``, host case, default port, fragment, tracking parameters, parameter order, a trailing
-slash). Paths keep their case and other query parameters stay, so ``?page=2`` is not ``?page=3``.
+slash, percent-encoding). Paths keep their case and other query parameters stay, so ``?page=2`` is not ``?page=3``.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 TRACKING_PARAMETERS = frozenset(
     {"fbclid", "gclid", "dclid", "msclkid", "mc_cid", "mc_eid", "yclid", "igshid", "_ga", "ref_src"}
 )
 DEFAULT_PORTS = {"http": 80, "https": 443}
+PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
 def canonical_url(url: str | None) -> str | None:
@@ -29,7 +30,8 @@ def canonical_url(url: str | None) -> str | None:
         return None
     host = host.removeprefix("www.")
     netloc = host if port is None or port == DEFAULT_PORTS.get(parts.scheme.lower()) else f"{host}:{port}"
-    path = parts.path or "/"
+    # One spelling of percent-encoding: "/a b", "/a%20b" and "/a%20b" are one path.
+    path = quote(unquote(parts.path), safe=PATH_SAFE) or "/"
     if len(path) > 1:
         path = path.rstrip("/") or "/"
     query = sorted(
