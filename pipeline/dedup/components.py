@@ -87,7 +87,8 @@ def connected_components(
     from pyspark.sql import functions as F
 
     partitions = int(edges.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    current = _oriented(edges, left, right).localCheckpoint()
+    # The star test below is the first action on each new edge set, so it also fills the lazy checkpoint.
+    current = _oriented(edges, left, right).localCheckpoint(eager=False)
     # Links to a bucket's smallest id are often stars already: then no round is needed.
     rounds = 0
     while not _is_star_forest(current):
@@ -96,7 +97,9 @@ def connected_components(
                 f"connected components did not converge in {max_iterations} rounds; raise dedup.max_iterations"
             )
         # localCheckpoint cuts the lineage, which otherwise grows with every round.
-        current = small_star(large_star(current, partitions), partitions).distinct().localCheckpoint()
+        current = (
+            small_star(large_star(current, partitions), partitions).distinct().localCheckpoint(eager=False)
+        )
         rounds += 1
     log.info("connected components: stars after %d round(s)", rounds)
     roots = current.select(F.col("lo").alias("node"), F.col("lo").alias("root")).distinct()

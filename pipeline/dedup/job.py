@@ -165,8 +165,11 @@ def pair_similarity(pairs: DataFrame, texts: DataFrame, hasher: MinHasher) -> Da
 
 def near_duplicates(
     candidates: DataFrame, texts: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
-) -> tuple[DataFrame, dict]:
-    """(node, root) for every document of ``candidates`` (id, band_keys) in a verified cluster of 2+."""
+) -> tuple[DataFrame, DataFrame, dict]:
+    """(node, root) for every document of ``candidates`` (id, band_keys) in a verified cluster of 2+.
+
+    Also returns the cached scored pairs the roots derive from; unpersist both once the roots are used.
+    """
     from pyspark.sql import functions as F
 
     members = candidates.where(F.col("band_keys").isNotNull()).select(
@@ -208,18 +211,18 @@ def near_duplicates(
     edges = scored.where(F.col("similarity") >= dedup.threshold) if dedup.verify else scored
     roots, rounds = connected_components(edges, "src", "dst", dedup.max_iterations)
     roots = roots.cache()
-    in_clusters = roots.count()
-    scored.unpersist()
-    clock.done(
-        "near_dedup.components", "%d documents in near-duplicate clusters, %d round(s)", in_clusters, rounds
+    clock.done("near_dedup.components", "large-star/small-star converged after %d round(s)", rounds)
+    return (
+        roots,
+        scored,
+        {
+            "candidate_pairs": candidate_pairs,
+            "verified_pairs": verified,
+            "rejected_by_verification": candidate_pairs - verified,
+            "largest_bucket": int(stats["largest_bucket"] or 0),
+            "components_rounds": rounds,
+        },
     )
-    return roots, {
-        "candidate_pairs": candidate_pairs,
-        "verified_pairs": verified,
-        "rejected_by_verification": candidate_pairs - verified,
-        "largest_bucket": int(stats["largest_bucket"] or 0),
-        "components_rounds": rounds,
-    }
 
 
 def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
@@ -319,14 +322,14 @@ def decide(
     counters: dict = {}
     if dedup.near and counts["unique"]:
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
-        roots, counters = near_duplicates(
+        roots, scored, counters = near_duplicates(
             survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
         )
         final = survivors.join(roots, survivors["exact_rep"] == roots["node"], "left").select(
             "id", "exact_rep", F.coalesce("root", "exact_rep").alias("final_rep")
         )
     else:
-        roots = None
+        roots = scored = None
         final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("final_rep"))
 
     resolved = step.select("id", "url_rep", "n_bytes").join(
@@ -345,6 +348,7 @@ def decide(
     survivors.unpersist()
     if roots is not None:
         roots.unpersist()
+        scored.unpersist()
     clock.done("decide", "every document has its representative")
     return decisions, counters
 
