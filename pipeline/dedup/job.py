@@ -23,6 +23,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -420,6 +421,21 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     }
 
 
+def write_dataset(df: DataFrame, path: Path, files: int) -> int:
+    """write_parquet, plus one empty file with the schema when there is no row at all.
+
+    An empty DataFrame can have no partition, so write_parquet's own empty-file case never runs.
+    """
+    rows = write_parquet(df, path, files)
+    if rows == 0 and not any(path.glob("*.parquet")):
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(df.schema, timezone="UTC")
+        pq.write_table(schema.empty_table(), path / "part-00000.parquet", compression="zstd")
+    return rows
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (clean,) = inputs
     dedup = config.dedup
@@ -444,20 +460,21 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         decisions, near_counters = decide(docs, features, hasher, dedup, clock)
         features.unpersist()
 
-        labelled = docs.join(decisions.select("id", "drop_reason"), "id", "left").withColumn(
+        removed = decisions.where(F.col("drop_reason").isNotNull()).select("id", "drop_reason")
+        labelled = docs.join(removed, "id", "left").withColumn(
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
         files = config.spark.output_files
-        kept = write_parquet(
+        kept = write_dataset(
             labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
         )
-        excluded = write_parquet(
+        excluded = write_dataset(
             labelled.where(F.col("drop_reason").isNotNull()).select(*docs.columns, "drop_reason"),
             out.path / "excluded",
             files,
         )
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
-        duplicates = write_parquet(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
+        duplicates = write_dataset(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
         clock.done(
             "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
         )
