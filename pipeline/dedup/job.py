@@ -108,7 +108,7 @@ def feature_batches(
     for batch in batches:
         texts = batch.column("text")
         normalized = normalize_for_dedup(texts)
-        shingles = hasher.shingles(texts)
+        shingles = hasher.shingles_of_normalized(normalized)
         counts = shingles.counts
         if with_bands:
             keys = hasher.band_keys(hasher.signatures(shingles)).view(np.int64)

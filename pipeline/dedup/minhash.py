@@ -234,7 +234,11 @@ class MinHasher:
         return self.bands * self.rows
 
     def shingles(self, texts: pa.Array) -> Shingles:
-        parts = [self._shingles_one_pass(piece) for piece in _slices_by_bytes(texts)]
+        return self.shingles_of_normalized(normalize_for_dedup(texts))
+
+    def shingles_of_normalized(self, normalized: pa.Array) -> Shingles:
+        """Shingles of texts already through ``normalize_for_dedup``."""
+        parts = [self._shingles_one_pass(piece) for piece in _slices_by_bytes(normalized)]
         if len(parts) == 1:
             return parts[0]
         offsets = [parts[0].offsets]
@@ -246,8 +250,7 @@ class MinHasher:
             np.concatenate([p.tokens for p in parts]),
         )
 
-    def _shingles_one_pass(self, texts: pa.Array) -> Shingles:
-        normalized = normalize_for_dedup(texts)
+    def _shingles_one_pass(self, normalized: pa.Array) -> Shingles:
         sizes = np.where(cjk_majority(normalized), self.cjk_ngram_size, self.ngram_size)
         return shingle_hashes(normalized, sizes)
 

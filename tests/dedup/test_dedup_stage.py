@@ -46,6 +46,17 @@ def build_corpus(seed: int = 11) -> tuple[pa.Table, dict]:
     ]
     rows += chain
 
+    # A crowd: 40 one-word edits of one text share most buckets. Links go to each bucket's smallest id,
+    # so candidate pairs grow like n, not n^2.
+    crowd_base = source.draw(200)
+    crowd = []
+    for i in range(41):
+        body = list(crowd_base)
+        if i:
+            body[rng.randrange(200)] = source.draw(1)[0]
+        crowd.append(document(f"https://crowd.example/{i}", " ".join(body), at(1)))
+    rows += crowd
+
     # Short documents: fewer tokens than the n-gram size. Distinct ones stay; equal tokens are exact dups.
     shorts = [
         "hello world",
@@ -83,6 +94,7 @@ def build_corpus(seed: int = 11) -> tuple[pa.Table, dict]:
     rng.shuffle(rows)
     meta = {
         "chain": [row["id"] for row in chain],
+        "crowd": [row["id"] for row in crowd],
         "url_old": old["id"],
         "url_new": new["id"],
         "null_text": broken["id"],
@@ -226,6 +238,11 @@ def test_transitive_short_cjk_url_and_null_cases(runs):
     rep = min(a, b, c)
     assert rep in kept and {a, b, c} - {rep} <= set(excluded)
     assert {duplicates[x]["cluster_id"] for x in (a, b, c)} == {rep}
+
+    crowd = meta["crowd"]
+    assert {duplicates[x]["cluster_id"] for x in crowd} == {min(crowd)}
+    assert manifest.counters["largest_bucket"] >= 30
+    assert manifest.counters["candidate_pairs"] < len(crowd) * (len(crowd) - 1) // 2
 
     # Short documents: only the equal-token pairs are removed, as exact duplicates.
     short_removed = meta["short_ids"] & set(excluded)
