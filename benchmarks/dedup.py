@@ -53,7 +53,6 @@ def run_datatrove(input_dir: str, work: str, workers: int, seed: int) -> None:
     )
     from datatrove.pipeline.readers import ParquetReader
     from datatrove.pipeline.writers import ParquetWriter
-
     from datatrove.utils.hashing import HashConfig
 
     # datatrove's default xxhash path passes str to xxhash 4.x, which raises; its sha1 path works.
