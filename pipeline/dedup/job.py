@@ -156,9 +156,15 @@ def pair_similarity(pairs: DataFrame, texts: DataFrame, hasher: MinHasher) -> Da
     """(src, dst, similarity) for (src, dst) pairs, looking both texts up in ``texts`` (id, text)."""
     from pyspark.sql import functions as F
 
+    # Only the texts of documents in some pair travel through the two joins; the id list is small enough
+    # for Spark to broadcast, so the corpus itself is scanned but not shuffled.
+    ids = (
+        pairs.select(F.col("src").alias("id")).unionByName(pairs.select(F.col("dst").alias("id"))).distinct()
+    )
+    needed = texts.join(ids, "id", "left_semi")
     with_texts = pairs.join(
-        texts.select(F.col("id").alias("src"), F.col("text").alias("src_text")), "src"
-    ).join(texts.select(F.col("id").alias("dst"), F.col("text").alias("dst_text")), "dst")
+        needed.select(F.col("id").alias("src"), F.col("text").alias("src_text")), "src"
+    ).join(needed.select(F.col("id").alias("dst"), F.col("text").alias("dst_text")), "dst")
     return with_texts.select("src", "dst", "src_text", "dst_text").mapInArrow(
         lambda batches: similarity_batches(batches, hasher), spark_schema(SIMILARITY_SCHEMA)
     )
@@ -237,7 +243,9 @@ def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
         raise DedupInputError("input documents already have a drop_reason column; pass kept documents only")
 
 
-def document_features(docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock):
+def document_features(
+    docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
+) -> tuple[DataFrame, int, dict]:
     """Features of every input row, persisted, and the input checks done in the same pass."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
