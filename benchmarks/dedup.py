@@ -417,9 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'peak MB main process':28}{main_run['peak_mb'].get('driver', 0):>16.0f}{datatrove['peak_mb'].get('driver', 0):>16.0f}"
     )
-    print(
-        f"ours inside the stage (after JVM start): {main_run['stage_s']:.1f}s; steps {main_run['step_seconds']}"
-    )
+    print(f"ours from Python start to commit: {main_run['stage_s']:.1f}s; steps {main_run['step_seconds']}")
     print()
     print(f"{'docs':>10}{'wall s':>10}{'driver MB':>12}{'JVM MB':>10}{'worker MB':>12}")
     for point in memory_points:
