@@ -99,15 +99,21 @@ def write_parquet(df: DataFrame, path: Path, num_files: int, key: str = "id") ->
             os.replace(temporary, target)
         yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
-    written = (
+    written = int(
         df.repartition(num_files, key)
         .sortWithinPartitions(key)
         .mapInArrow(write_partition, "rows long")
         .groupBy()
         .sum("rows")
         .first()[0]
+        or 0
     )
-    return int(written or 0)
+    if written == 0 and not any(path.glob("*.parquet")):
+        # A DataFrame with no partition at all never runs write_partition: keep the schema readable anyway.
+        import pyarrow.parquet as pq
+
+        pq.write_table(arrow_schema.empty_table(), path / "part-00000.parquet", compression="zstd")
+    return written
 
 
 def count_by(df: DataFrame, column: str) -> dict[str, int]:

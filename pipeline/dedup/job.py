@@ -23,7 +23,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -429,21 +428,6 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     }
 
 
-def write_dataset(df: DataFrame, path: Path, files: int) -> int:
-    """write_parquet, plus one empty file with the schema when there is no row at all.
-
-    An empty DataFrame can have no partition, so write_parquet's own empty-file case never runs.
-    """
-    rows = write_parquet(df, path, files)
-    if rows == 0 and not any(path.glob("*.parquet")):
-        import pyarrow.parquet as pq
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        schema = to_arrow_schema(df.schema, timezone="UTC")
-        pq.write_table(schema.empty_table(), path / "part-00000.parquet", compression="zstd")
-    return rows
-
-
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (clean,) = inputs
     dedup = config.dedup
@@ -473,16 +457,16 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
         files = config.spark.output_files
-        kept = write_dataset(
+        kept = write_parquet(
             labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
         )
-        excluded = write_dataset(
+        excluded = write_parquet(
             labelled.where(F.col("drop_reason").isNotNull()).select(*docs.columns, "drop_reason"),
             out.path / "excluded",
             files,
         )
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
-        duplicates = write_dataset(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
+        duplicates = write_parquet(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
         clock.done(
             "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
         )
