@@ -1,35 +1,259 @@
 """The clean stage as a Spark job: WARC pages in, kept and excluded documents out.
 
-Steps, each of which only sets ``drop_reason`` on the rows it rejects (datatrove style):
-extract main text -> normalise -> length filter -> exact dedup. Rows are split into
-``documents/`` and ``excluded/`` at the end, so every drop is kept with its reason.
+Steps (datatrove style: each one only marks what it rejects, nothing is deleted):
+
+1. extract main text from the WARC record (``extract.py``, a mapInArrow);
+2. quarantine texts over ``max_chars`` before any Python work (Spark SQL);
+3. one mapInArrow pass per batch: repair and normalise the text, identify its language and compute every
+   quality signal of the FineWeb recipe (Gopher repetition, Gopher quality, C4, FineWeb) for documents
+   in a kept language;
+4. decide with Spark SQL: the first rule, in recipe order, whose signal crosses its threshold names the
+   drop (``drop_rule``) and explains it (``drop_reason``);
+5. redact PII with Spark's built-in regex functions and count each kind;
+6. write ``documents/`` and ``excluded/`` (byte-deterministic Parquet) and the manifest counters.
+
+Exact and near-duplicate removal is the dedup stage's job, which reads ``documents/``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from pipeline.clean import pii
 from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
-from pipeline.clean.normalize import normalize_text
-from pipeline.core.config import PipelineConfig
+from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
+from pipeline.clean.language import identify_language
+from pipeline.clean.normalize import decode_utf8, normalize_text
+from pipeline.core.config import CleanConfig, PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import count_by, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.dedup.exact import mark_exact_duplicates
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 log = logging.getLogger(__name__)
 STAGE = "clean"
+UNKNOWN_LANGUAGE = "und"
+
+# Input of the Python pass: extracted documents plus the first drop found so far.
+MARKED_SCHEMA = pa.schema([*EXTRACTED_SCHEMA, ("drop_rule", pa.string())])
+PREPARED_SCHEMA = pa.schema(
+    [
+        *MARKED_SCHEMA,
+        ("lang", pa.string()),
+        ("lang_score", pa.float64()),
+        ("signals", SIGNALS),
+        ("c4_text", pa.string()),
+    ]
+)
+DOCUMENT_COLUMNS = [
+    "id",
+    "url",
+    "domain",
+    "fetch_time",
+    "text",
+    "n_chars",
+    "lang",
+    "lang_score",
+    "signals",
+    "pii",
+]
+EXCLUDED_COLUMNS = [*DOCUMENT_COLUMNS, "drop_rule", "drop_reason"]
 
 
-def normalize_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: normalise, identify the language and compute the filter signals of each row.
+
+    Rows already marked (extraction failures, oversized texts) pass through untouched but decoded.
+    Text arrives as bytes, so invalid UTF-8 (binary junk, encoded surrogates) is replaced, not fatal.
+    One failing row is marked ``clean.error`` and never fails the partition.
+    """
+    documents = DocumentSignals(config)
+    kept_languages = set(config.languages)
     for batch in batches:
-        texts = batch.column("text").to_pylist()
-        normalized = [normalize_text(text) if text is not None else None for text in texts]
-        index = batch.schema.get_field_index("text")
-        yield batch.set_column(index, "text", pa.array(normalized, pa.string()))
+        raw_texts = batch.column("text").cast(pa.binary()).to_pylist()
+        rules = batch.column("drop_rule").to_pylist()
+        reasons = batch.column("drop_reason").to_pylist()
+        columns: dict[str, list] = {name: [] for name in ("text", "lang", "lang_score", "signals", "c4_text")}
+        for row, raw in enumerate(raw_texts):
+            text = decode_utf8(raw) if raw is not None else None
+            lang = score = signals = c4_text = None
+            if rules[row] is None and text is not None:
+                try:
+                    text = normalize_text(text)
+                    if text:
+                        lang, score = identify_language(text, config.langid_max_chars)
+                    if (
+                        len(text) >= config.min_chars
+                        and lang in kept_languages
+                        and score >= config.min_language_score
+                    ):
+                        signals, c4_text = documents.compute(text, lang)
+                except Exception as exc:  # one bad document must not fail the partition
+                    rules[row] = "clean.error"
+                    reasons[row] = f"{type(exc).__name__}: {exc}"[:500]
+                    lang = score = signals = c4_text = None
+            columns["text"].append(text)
+            columns["lang"].append(lang)
+            columns["lang_score"].append(score)
+            columns["signals"].append(signals)
+            columns["c4_text"].append(c4_text)
+        arrays = {name: batch.column(name) for name in MARKED_SCHEMA.names}
+        arrays["drop_rule"] = pa.array(rules, pa.string())
+        arrays["drop_reason"] = pa.array(reasons, pa.string())
+        arrays.update(
+            {name: pa.array(values, PREPARED_SCHEMA.field(name).type) for name, values in columns.items()}
+        )
+        yield pa.RecordBatch.from_arrays(
+            [arrays[name] for name in PREPARED_SCHEMA.names], schema=PREPARED_SCHEMA
+        )
+
+
+def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
+    """(rule name, drop condition, reason) for every rule after the Python pass, in recipe order."""
+    from pyspark.sql import functions as F
+
+    n_chars = F.length("text")
+    languages = F.array(*[F.lit(lang) for lang in config.languages])
+    decisions = [
+        (
+            "normalize.too_short",
+            F.col("text").isNull() | (n_chars < config.min_chars),
+            F.concat(
+                F.lit("normalize.too_short: n_chars="),
+                F.coalesce(n_chars, F.lit(0)).cast("string"),
+                F.lit(f" < {config.min_chars}"),
+            ),
+        ),
+        (
+            "language.not_kept",
+            ~F.coalesce(F.array_contains(languages, F.col("lang")), F.lit(False)),
+            F.concat(
+                F.lit("language.not_kept: lang="),
+                F.coalesce(F.col("lang"), F.lit(UNKNOWN_LANGUAGE)),
+                F.lit(f" not in {sorted(config.languages)}"),
+            ),
+        ),
+        (
+            "language.min_score",
+            F.col("lang_score") < config.min_language_score,
+            F.concat(
+                F.lit("language.min_score: lang_score="),
+                F.col("lang_score").cast("string"),
+                F.lit(f" < {config.min_language_score}"),
+            ),
+        ),
+    ]
+    for rule in recipe_rules(config, sorted(config.language_overrides)):
+        decisions.append((rule.name, rule.spark_condition(), rule.spark_reason()))
+    return decisions
+
+
+def clean_documents(extracted: DataFrame, config: PipelineConfig) -> DataFrame:
+    """Every extracted row, with its final text, language, signals, PII counts and, when dropped, the
+    first rule that dropped it (``drop_rule``) and why (``drop_reason``)."""
+    from pyspark.sql import functions as F
+
+    clean = config.clean
+    upstream = F.concat(F.lit("extract."), F.regexp_extract("drop_reason", r"^[a-z_]+", 0))
+    too_long = F.length("text") > clean.max_chars
+    marked = extracted.withColumn(
+        "drop_rule",
+        F.when(F.col("drop_reason").isNotNull(), upstream).when(too_long, F.lit("input.too_long")),
+    ).withColumn(
+        "drop_reason",
+        F.when(F.col("drop_reason").isNotNull(), F.col("drop_reason")).when(
+            too_long,
+            F.concat(
+                F.lit("input.too_long: n_chars="),
+                F.length("text").cast("string"),
+                F.lit(f" > {clean.max_chars}"),
+            ),
+        ),
+    )
+    prepared = marked.select(*MARKED_SCHEMA.names).mapInArrow(
+        lambda batches: prepare_batches(batches, clean), spark_schema(PREPARED_SCHEMA)
+    )
+
+    decisions = _decision_rules(clean)
+    first_rule = F.coalesce(F.col("drop_rule"), *[F.when(cond, F.lit(name)) for name, cond, _ in decisions])
+    first_reason = F.coalesce(F.col("drop_reason"), *[F.when(cond, reason) for _, cond, reason in decisions])
+    decided = prepared.withColumn("drop_reason", first_reason).withColumn("drop_rule", first_rule)
+
+    # Kept documents and FineWeb drops carry C4's text (its line removals), like datatrove's pipeline.
+    takes_c4_text = F.col("drop_rule").isNull() | F.col("drop_rule").startswith("fineweb.")
+    decided = decided.withColumn(
+        "text",
+        F.when(takes_c4_text & F.col("c4_text").isNotNull(), F.col("c4_text")).otherwise(F.col("text")),
+    ).drop("c4_text")
+    if clean.pii.enabled:
+        text, counts = pii.redact_column(F.col("text"), pii.placeholders(clean.pii))
+    else:
+        text, counts = F.col("text"), dict.fromkeys(pii.KINDS, F.lit(0))
+    decided = decided.withColumn("pii", F.struct(*[count.alias(kind) for kind, count in counts.items()]))
+    decided = decided.withColumn("text", text).withColumn("n_chars", F.length("text"))
+    return decided.select(*EXCLUDED_COLUMNS)
+
+
+def clean_counters(decided: DataFrame) -> dict:
+    """Manifest counters from one aggregation: drops per rule and language, PII per kind, C4 line removals."""
+    from pyspark.sql import functions as F
+
+    line_removals = [f"lines_{reason}" for reason in c4.LINE_REMOVALS]
+    rows = (
+        decided.groupBy("drop_rule", "lang")
+        .agg(
+            F.count(F.lit(1)).alias("documents"),
+            *[F.sum(f"pii.{kind}").alias(f"pii_{kind}") for kind in pii.KINDS],
+            *[F.sum(f"signals.c4.{name}").alias(name) for name in line_removals],
+        )
+        .collect()
+    )
+    dropped: dict[str, int] = {}
+    kept_by_language: dict[str, int] = {}
+    dropped_by_language: dict[str, int] = {}
+    pii_kept = dict.fromkeys(pii.KINDS, 0)
+    pii_excluded = dict.fromkeys(pii.KINDS, 0)
+    c4_lines_removed = {reason: 0 for reason in c4.LINE_REMOVALS}
+    for row in rows:
+        lang = row["lang"] or UNKNOWN_LANGUAGE
+        count = int(row["documents"])
+        if row["drop_rule"] is None:
+            kept_by_language[lang] = kept_by_language.get(lang, 0) + count
+            for kind in pii.KINDS:
+                pii_kept[kind] += int(row[f"pii_{kind}"] or 0)
+            for reason in c4.LINE_REMOVALS:
+                c4_lines_removed[reason] += int(row[f"lines_{reason}"] or 0)
+        else:
+            dropped[row["drop_rule"]] = dropped.get(row["drop_rule"], 0) + count
+            dropped_by_language[lang] = dropped_by_language.get(lang, 0) + count
+            for kind in pii.KINDS:
+                pii_excluded[kind] += int(row[f"pii_{kind}"] or 0)
+    kept = sum(kept_by_language.values())
+    return {
+        "input_pages": kept + sum(dropped.values()),
+        "kept": kept,
+        "dropped": dict(sorted(dropped.items())),
+        "kept_by_language": dict(sorted(kept_by_language.items())),
+        "dropped_by_language": dict(sorted(dropped_by_language.items())),
+        "pii_redacted": pii_kept,
+        "pii_redacted_excluded": pii_excluded,
+        "c4_lines_removed": c4_lines_removed,
+    }
+
+
+def write_outputs(decided: DataFrame, path, num_files: int) -> None:
+    from pyspark.sql import functions as F
+
+    write_parquet(
+        decided.where(F.col("drop_rule").isNull()).select(*DOCUMENT_COLUMNS), path / "documents", num_files
+    )
+    write_parquet(decided.where(F.col("drop_rule").isNotNull()), path / "excluded", num_files)
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
@@ -41,30 +265,23 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         index = spark.read.parquet(str(crawl.path / "index"))
         pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
         crawl_root = str(crawl.path)
-        schema = spark_schema(EXTRACTED_SCHEMA)
         extracted = pages.select(
             "id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"
-        ).mapInArrow(lambda batches: extract_batches(batches, crawl_root), schema)
-        normalized = extracted.mapInArrow(normalize_batches, schema)
-        length = F.length("text")
-        filtered = normalized.withColumn(
-            "drop_reason",
-            F.when(F.col("drop_reason").isNotNull(), F.col("drop_reason"))
-            .when(length < config.clean.min_chars, F.lit("too_short"))
-            .when(length > config.clean.max_chars, F.lit("too_long")),
+        ).mapInArrow(lambda batches: extract_batches(batches, crawl_root), spark_schema(EXTRACTED_SCHEMA))
+        decided = clean_documents(extracted, config).cache()
+        try:
+            write_outputs(decided, out.path, config.spark.output_files)
+            counters = clean_counters(decided)
+        finally:
+            decided.unpersist()
+        log.info(
+            "clean: kept %d of %d documents; dropped %s; PII redacted %s",
+            counters["kept"],
+            counters["input_pages"],
+            counters["dropped"] or "none",
+            counters["pii_redacted"],
         )
-        decided = mark_exact_duplicates(filtered).withColumn("n_chars", length).cache()
-
-        documents = decided.where(F.col("drop_reason").isNull()).drop("drop_reason")
-        excluded = decided.where(F.col("drop_reason").isNotNull())
-        write_parquet(documents, out.path / "documents", config.spark.output_files)
-        write_parquet(excluded, out.path / "excluded", config.spark.output_files)
-
-        reasons = count_by(decided.fillna({"drop_reason": "kept"}), "drop_reason")
-        kept = reasons.pop("kept", 0)
-        decided.unpersist()
-        log.info("clean: kept %d documents, dropped %s", kept, reasons or "none")
         return out.commit(
-            rows={"documents": kept, "excluded": sum(reasons.values())},
-            counters={"input_pages": kept + sum(reasons.values()), "kept": kept, "dropped": reasons},
+            rows={"documents": counters["kept"], "excluded": counters["input_pages"] - counters["kept"]},
+            counters=counters,
         )
