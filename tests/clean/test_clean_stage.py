@@ -11,7 +11,9 @@ import pytest
 from pipeline.clean import job as clean_job
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef
-from tests.conftest import make_config
+from tests.conftest import PROJECT_ROOT, make_config
+
+ARTICLES = PROJECT_ROOT / "pipeline" / "crawl" / "sample_site" / "articles"
 
 
 def test_clean_keeps_articles_and_explains_every_drop(sample_corpus):
@@ -24,13 +26,22 @@ def test_clean_keeps_articles_and_explains_every_drop(sample_corpus):
 
     assert manifest.rows["documents"] == len(documents) >= 10
     assert len(documents) + len(excluded) == crawl.counters["fetched"], "no page disappears silently"
-    assert all(row["drop_reason"] for row in excluded)
-    assert manifest.counters["dropped"]["exact_duplicate"] == 1
+    assert all(row["drop_rule"] and row["drop_reason"] for row in excluded)
+    assert sum(manifest.counters["dropped"].values()) == len(excluded)
+    assert manifest.counters["kept_by_language"] == {"en": len(documents)}
+    # The mirror page is an exact copy: the dedup stage, not clean, removes it.
     urls = {row["url"].split("/", 3)[3] for row in documents}
-    assert len(urls & {"articles/river-mills.html", "mirror/river-mills.html"}) == 1
-    river = next(row for row in documents if row["url"].endswith("river-mills.html"))
+    assert {"articles/river-mills.html", "mirror/river-mills.html"} <= urls
+    english_articles = {f"articles/{p.name}" for p in ARTICLES.glob("*.html")} - {"articles/tea.html"}
+    assert english_articles <= urls, "the sample site's English articles pass the FineWeb recipe"
+    tea = next(row for row in excluded if row["url"].endswith("articles/tea.html"))
+    assert (tea["lang"], tea["drop_rule"]) == ("zh", "language.not_kept")
+    river = next(row for row in documents if row["url"].endswith("articles/river-mills.html"))
     assert "a river was the most reliable source of power" in river["text"]
     assert "cookie" not in river["text"].lower(), "boilerplate is not main text"
+    assert river["lang"] == "en" and river["lang_score"] > 0.9
+    assert river["signals"]["gopher_quality"]["n_non_symbol_words"] > 50
+    assert river["signals"]["c4"]["sentences"] >= 5
     assert len({row["id"] for row in documents}) == len(documents)
 
 
