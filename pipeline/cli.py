@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.crawl.__main__",
         "crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
     ),
-    "clean": ("pipeline.clean.__main__", "Spark: extract main text, normalise, filter, de-duplicate"),
+    "clean": (
+        "pipeline.clean.__main__",
+        "Spark: extract main text, normalise, language id, FineWeb-recipe filters, PII redaction",
+    ),
     "dedup": ("pipeline.dedup.__main__", "Spark: URL, exact and MinHash-LSH near-duplicate removal"),
     "tokenize": (
         "pipeline.tokenization.__main__",

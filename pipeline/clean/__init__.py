@@ -1,1 +1,2 @@
-"""Clean stage: extract main text from WARC, normalise, filter and de-duplicate, in Spark."""
+"""Clean stage: extract main text from WARC, normalise, identify the language, apply the FineWeb recipe's
+quality filters and redact PII, in Spark. See docs/clean.md."""

@@ -1,4 +1,6 @@
-"""`python -m pipeline.clean` / `pretrain clean`: extract, normalise, filter and de-duplicate a crawl in Spark.
+"""`python -m pipeline.clean` / `pretrain clean`: extract, normalise, language-identify, quality-filter
+(Gopher, C4, FineWeb rules) and PII-redact a crawl in Spark; kept pages go to documents/, dropped ones to
+excluded/ with the rule that dropped them (docs/clean.md).
 
 Also runs under spark-submit on a cluster:
 `spark-submit --master spark://host:7077 pipeline/clean/__main__.py --snapshot 2026-11-29`.

@@ -244,6 +244,25 @@ class CleanConfig(Section):
     )
     pii: PiiConfig = Field(default_factory=PiiConfig)
 
+    @field_validator("language_overrides", mode="before")
+    @classmethod
+    def _keep_default_overrides(cls, value: Any) -> Any:
+        """Setting clean.language_overrides.de.* must not silently drop the Chinese defaults."""
+        if not isinstance(value, dict):
+            return value
+        merged = _chinese_overrides()
+        for lang, sections in value.items():
+            if not isinstance(sections, dict):
+                merged[lang] = sections
+                continue
+            target = merged.setdefault(lang, {})
+            for section, fields in sections.items():
+                if isinstance(fields, dict) and isinstance(target.get(section), dict):
+                    target[section] = {**target[section], **fields}
+                else:
+                    target[section] = fields
+        return merged
+
     @model_validator(mode="after")
     def _bounds(self) -> CleanConfig:
         if self.min_chars >= self.max_chars:

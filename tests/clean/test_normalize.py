@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.clean.normalize import normalize_text
+from pipeline.clean.normalize import decode_utf8, normalize_text
 
 
 def test_keeps_punctuation_and_symbols():
@@ -22,3 +22,21 @@ def test_idempotent_and_free_of_controls(text):
     assert normalize_text(once) == once
     assert not any(ord(c) < 32 and c != "\n" for c in once)
     assert "\n\n\n" not in once
+
+
+def test_mojibake_is_repaired():
+    original = "The Mona Lisa doesn’t have eyebrows — café, schön."
+    assert normalize_text(original.encode("utf-8").decode("cp1252")) == original  # "doesnâ€™t"
+    with_cjk = original + " 東京."
+    assert normalize_text(with_cjk.encode("utf-8").decode("latin-1")) == with_cjk
+
+
+def test_curly_quotes_and_entities_are_content():
+    text = "He said “stop” &amp; left…"
+    assert normalize_text(text) == "He said “stop” &amp; left..."  # NFKC turns … into ..., quotes stay
+
+
+def test_invalid_bytes_and_surrogates_become_replacement_characters():
+    raw = "caf\xc3\xa9 \xed\xa0\x80 \xff end".encode("latin-1")
+    assert decode_utf8(raw) == "café \ufffd\ufffd\ufffd \ufffd end"
+    assert "\ud800" not in normalize_text("lone \ud800 surrogate")
