@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CORPUS_VERSION = 2  # bump when make_document changes, so a cached corpus is rebuilt
 sys.path.insert(0, str(ROOT))
 
 BOILERPLATE = [
@@ -149,13 +150,13 @@ def make_document(rng: random.Random, src: Sources) -> str:
         weights=[30, 12, 10, 7, 8, 6, 7, 5, 5, 3, 5, 2],
     )[0]  # fmt: skip
     if kind == "prose":
-        return _prose(rng, src, rng.randint(1, 14))
+        return _prose(rng, src, rng.randint(2, 30))
     if kind == "article":
-        sentences = rng.sample(src.article_sentences, rng.randint(3, 30))
+        sentences = rng.sample(src.article_sentences, rng.randint(5, 60))
         paragraphs = [" ".join(sentences[i : i + 4]) for i in range(0, len(sentences), 4)]
         return "How river mills shaped small towns\n" * rng.randint(0, 1) + "\n".join(paragraphs)
     if kind == "boilerplate":
-        lines = _prose(rng, src, rng.randint(1, 6)).split("\n")
+        lines = _prose(rng, src, rng.randint(2, 12)).split("\n")
         for _ in range(rng.randint(2, 14)):
             lines.insert(rng.randrange(len(lines) + 1), rng.choice(BOILERPLATE))
         return "\n".join(lines)
@@ -195,10 +196,10 @@ def make_document(rng: random.Random, src: Sources) -> str:
             w + ("。" if rng.random() < 0.1 else "，" if rng.random() < 0.1 else "") for w in words
         )
     if kind == "mojibake":
-        text = _prose(rng, src, rng.randint(2, 8)).replace("'", "’").replace(" - ", " — ")
+        text = _prose(rng, src, rng.randint(3, 15)).replace("'", "’").replace(" - ", " — ")
         return text.encode("utf-8").decode("cp1252", errors="replace")
     if kind == "pii":
-        lines = _prose(rng, src, rng.randint(2, 8)).split("\n")
+        lines = _prose(rng, src, rng.randint(3, 15)).split("\n")
         contacts = [
             f"Write to {rng.choice(['anna', 'bob.smith', 'info'])}@{rng.choice(['example.com', 'mail.example.org'])}.",
             f"Call us at +1 415 555 {rng.randint(1000, 9999)} for details.",
@@ -228,13 +229,13 @@ def build_corpus(count: int, seed: int, folder: Path, files: int = 8) -> tuple[P
     from pipeline.clean.normalize import normalize_text
 
     raw_dir, normalized_dir = (
-        folder / f"corpus-{count}-{seed}" / "raw",
-        folder / f"corpus-{count}-{seed}" / "normalized",
+        folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "raw",
+        folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "normalized",
     )
-    done = folder / f"corpus-{count}-{seed}" / "_DONE"
+    done = folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "_DONE"
     if done.exists():
         return raw_dir, normalized_dir
-    shutil.rmtree(folder / f"corpus-{count}-{seed}", ignore_errors=True)
+    shutil.rmtree(folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}", ignore_errors=True)
     raw_dir.mkdir(parents=True)
     normalized_dir.mkdir(parents=True)
     sources = Sources()
@@ -264,6 +265,23 @@ def build_corpus(count: int, seed: int, folder: Path, files: int = 8) -> tuple[P
     return raw_dir, normalized_dir
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and all its descendants (Spark's JVM and Python workers,
+    datatrove's worker pool), including descendants that already exited and were reaped. Unlike wall
+    time this does not depend on what else the machine runs."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 # --- ours ----------------------------------------------------------------------------------------------
 
 
@@ -278,13 +296,13 @@ def run_ours(raw_dir: Path, out: Path, config) -> dict:
     started = time.perf_counter()
     spark = spark_session(config, "bench-clean")
     session_seconds = time.perf_counter() - started
-    begin = time.perf_counter()
+    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
     extracted = spark.read.schema(spark_schema(EXTRACTED_SCHEMA)).parquet(str(raw_dir))
     decided = clean_documents(extracted, config).cache()
     write_outputs(decided, out, config.spark.output_files)
     counters = clean_counters(decided)
     decided.unpersist()
-    seconds = time.perf_counter() - begin
+    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
     decisions = {}
     for dataset in ("documents", "excluded"):
         table = pq.read_table(
@@ -294,6 +312,7 @@ def run_ours(raw_dir: Path, out: Path, config) -> dict:
         decisions.update(zip(table.column("id").to_pylist(), rules, strict=True))
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "session_seconds": session_seconds,
         "decisions": decisions,
         "counters": counters,
@@ -399,9 +418,9 @@ def run_datatrove(normalized_dir: Path, out: Path, clean, workers: int) -> dict:
         workers=workers,
         logging_dir=str(out / "logs"),
     )
-    begin = time.perf_counter()
+    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
     executor.run()
-    seconds = time.perf_counter() - begin
+    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
     import pyarrow.parquet as pq
 
     decisions = {}
@@ -414,7 +433,7 @@ def run_datatrove(normalized_dir: Path, out: Path, clean, workers: int) -> dict:
             table.column("id").to_pylist(), table.column("filter_reason").to_pylist(), strict=True
         ):
             decisions[doc_id] = reason if step == "language" else f"{step}:{reason}"
-    return {"seconds": seconds, "decisions": decisions}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "decisions": decisions}
 
 
 # --- comparison --------------------------------------------------------------------------------------
@@ -469,14 +488,22 @@ def main(argv: list[str] | None = None) -> int:
     ours_rate = count / ours["seconds"]
     theirs_rate = count / theirs["seconds"]
     ratio = ours_rate / theirs_rate
+    cpu_ratio = theirs["cpu_seconds"] / ours["cpu_seconds"]
+    load = os.getloadavg()[0]
     kept_ours = sum(rule is None for rule in ours["decisions"].values())
     kept_theirs = sum(reason is None for reason in theirs["decisions"].values())
     print(f"\n{count:,} documents, {args.workers} cores")
-    print(f"{'':24}{'seconds':>10}{'docs/s':>10}{'kept':>9}")
-    print(f"{'ours (Spark job)':24}{ours['seconds']:>10.1f}{ours_rate:>10.1f}{kept_ours:>9}")
-    print(f"{'datatrove 0.10.1':24}{theirs['seconds']:>10.1f}{theirs_rate:>10.1f}{kept_theirs:>9}")
-    print(f"(Spark session start, not counted: {ours['session_seconds']:.1f} s)")
-    print(f"docs/s ours / datatrove: {ratio:.2f}x")
+    print(f"{'':24}{'seconds':>10}{'docs/s':>10}{'CPU s':>10}{'docs/CPU s':>12}{'kept':>9}")
+    for name, run, rate in (("ours (Spark job)", ours, ours_rate), ("datatrove 0.10.1", theirs, theirs_rate)):
+        kept = kept_ours if run is ours else kept_theirs
+        print(
+            f"{name:24}{run['seconds']:>10.1f}{rate:>10.1f}{run['cpu_seconds']:>10.1f}"
+            f"{count / run['cpu_seconds']:>12.1f}{kept:>9}"
+        )
+    print(
+        f"(Spark session start, not counted: {ours['session_seconds']:.1f} s; 1-minute load average: {load:.1f})"
+    )
+    print(f"docs/s ours / datatrove: {ratio:.2f}x wall clock, {cpu_ratio:.2f}x per CPU second")
     print(f"keep/drop agreement: {agreement:.4%} ({sum(disagreements.values())} disagreements)")
     for (our_rule, their_reason), number in disagreements.most_common():
         examples = [
@@ -492,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
         "ours_docs_per_s": round(ours_rate, 1),
         "datatrove_docs_per_s": round(theirs_rate, 1),
         "docs_per_s_ratio_vs_datatrove": round(ratio, 2),
+        "docs_per_cpu_s_ratio_vs_datatrove": round(cpu_ratio, 2),
+        "ours_cpu_s": round(ours["cpu_seconds"], 1),
+        "datatrove_cpu_s": round(theirs["cpu_seconds"], 1),
+        "load_average": round(load, 1),
         "decision_agreement": round(agreement, 5),
     }
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -192,11 +192,10 @@ def clean_documents(extracted: DataFrame, config: PipelineConfig) -> DataFrame:
         F.when(takes_c4_text & F.col("c4_text").isNotNull(), F.col("c4_text")).otherwise(F.col("text")),
     ).drop("c4_text")
     if clean.pii.enabled:
-        text, counts = pii.redact_column(F.col("text"), pii.placeholders(clean.pii))
+        decided = pii.redact_dataframe(decided, pii.placeholders(clean.pii))
     else:
-        text, counts = F.col("text"), dict.fromkeys(pii.KINDS, F.lit(0))
-    decided = decided.withColumn("pii", F.struct(*[count.alias(kind) for kind, count in counts.items()]))
-    decided = decided.withColumn("text", text).withColumn("n_chars", F.length("text"))
+        decided = decided.withColumn("pii", F.struct(*[F.lit(0).alias(kind) for kind in pii.KINDS]))
+    decided = decided.withColumn("n_chars", F.length("text"))
     return decided.select(*EXCLUDED_COLUMNS)
 
 

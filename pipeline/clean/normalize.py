@@ -6,10 +6,15 @@ import re
 import unicodedata
 from functools import cache
 
-# C0/C1 controls except tab and newline, zero-width and bidi formatting characters, and lone surrogates.
+# C0/C1 controls except tab and newline, soft hyphen, zero-width, bidi and deprecated formatting characters,
+# interlinear annotations, lone surrogates and tag characters.
 _INVISIBLE = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff\ud800-\udfff]"
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f"
+    r"\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
 )
+# What ftfy's repairs act on besides mojibake: C1 controls, terminal escapes, surrogates.
+_FTFY_TRIGGER = re.compile(r"[\x80-\x9f\x1b\ud800-\udfff]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _SPACES = re.compile(r"[^\S\n]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
 
@@ -22,6 +27,7 @@ def _ftfy_config():
     # are content (uncurling quotes would change which lines end in terminal punctuation).
     return ftfy.TextFixerConfig(
         unescape_html=False,
+        remove_control_chars=False,  # _INVISIBLE below
         fix_latin_ligatures=False,
         fix_character_width=False,
         uncurl_quotes=False,
@@ -32,10 +38,35 @@ def _ftfy_config():
 
 
 def repair_mojibake(text: str) -> str:
-    """UTF-8 read as Latin-1/Windows-1252 and similar ("doesnâ€™t" -> "doesn’t"), via ftfy."""
+    """UTF-8 read as Latin-1/Windows-1252 and similar ("doesnâ€™t" -> "doesn’t"), via ftfy.
+
+    ftfy walks the text line by line in Python; most text has nothing for it to do, which one regex
+    search (and ftfy's own mojibake test) tells first.
+    """
     import ftfy
 
+    if _FTFY_TRIGGER.search(text) is None and not _may_be_mojibake(text):
+        return text
     return ftfy.fix_text(text, _ftfy_config())
+
+
+def _may_be_mojibake(text: str) -> bool:
+    """ftfy's ``is_bad`` on just the non-ASCII runs with three characters either side.
+
+    Every pattern of ftfy's badness regex holds a non-ASCII character and reaches at most a few ASCII
+    characters from it, so this finds every match ``is_bad`` finds, at a fraction of the cost on text that
+    is mostly ASCII (tests/clean/test_normalize.py checks it against always running ftfy).
+    """
+    from ftfy.badness import is_bad
+
+    spans: list[list[int]] = []
+    for run in _NON_ASCII.finditer(text):
+        start, end = max(0, run.start() - 3), run.end() + 3
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+    return bool(spans) and is_bad("\x00".join(text[start:end] for start, end in spans))
 
 
 def normalize_text(text: str) -> str:
@@ -46,8 +77,9 @@ def normalize_text(text: str) -> str:
     """
     for _ in range(4):
         normalized = _normalize_once(text)
-        if normalized == text:
-            break
+        # One round already gives a fixed point for ASCII: nothing is left for ftfy or NFKC to change.
+        if normalized == text or normalized.isascii():
+            return normalized
         text = normalized
     return text
 

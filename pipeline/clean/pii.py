@@ -59,15 +59,30 @@ def redact(text: str, replacements: dict[str, str]) -> tuple[str, dict[str, int]
     return text, counts
 
 
-def redact_column(text_col, replacements: dict[str, str]):
-    """(redacted text column, struct of matches per kind) with Spark's built-in regex functions."""
+ANY = "|".join(f"(?:{pattern})" for pattern in PATTERNS.values())
+
+
+def redact_dataframe(df, replacements: dict[str, str], text_col: str = "text", counts_col: str = "pii"):
+    """``df`` with PII in ``text_col`` replaced and a ``counts_col`` struct of matches per kind, using only
+    Spark's built-in regex functions.
+
+    One scan for any kind comes first: most documents hold no PII, and then nothing else runs (with no
+    match the text never changes, so no later kind can match). Each step is its own column, so Spark
+    evaluates every regex once per row.
+    """
     from pyspark.sql import functions as F
 
-    counts = {}
+    text = F.col(text_col)
+    df = df.withColumn("_has_pii", F.coalesce(text.rlike(ANY), F.lit(False)))
     for kind in KINDS:
         pattern = F.lit(PATTERNS[kind])
-        counts[kind] = F.coalesce(F.regexp_count(text_col, pattern), F.lit(0)).cast("int")
         # Java replacement strings treat $ and \ specially; the placeholder is literal.
-        literal = replacements[kind].replace("\\", "\\\\").replace("$", "\\$")
-        text_col = F.regexp_replace(text_col, pattern, F.lit(literal))
-    return text_col, counts
+        literal = F.lit(replacements[kind].replace("\\", "\\\\").replace("$", "\\$"))
+        df = df.withColumn(
+            f"_pii_{kind}",
+            F.when(F.col("_has_pii"), F.coalesce(F.regexp_count(text, pattern), F.lit(0))).otherwise(0),
+        ).withColumn(
+            text_col, F.when(F.col("_has_pii"), F.regexp_replace(text, pattern, literal)).otherwise(text)
+        )
+    counts = F.struct(*[F.col(f"_pii_{kind}").cast("int").alias(kind) for kind in KINDS])
+    return df.withColumn(counts_col, counts).drop("_has_pii", *[f"_pii_{kind}" for kind in KINDS])

@@ -54,8 +54,11 @@ class SpacyRulesTokenizer:
         tokens = self._cache.get(chunk)
         if tokens is None:
             special = self._specials.get(chunk)
-            split = list(special) if special is not None else self._split(chunk, with_special_cases=True)
-            tokens = self._apply_matcher(split)
+            if special is None and chunk.isascii() and chunk.isalpha():
+                tokens = (chunk,)  # no English prefix, suffix, infix or URL rule matches plain letters
+            else:
+                split = list(special) if special is not None else self._split(chunk, with_special_cases=True)
+                tokens = self._apply_matcher(split)
             if len(self._cache) >= self._cache_size:
                 self._cache.clear()
                 self._sentence_cache.clear()
@@ -265,7 +268,11 @@ def _sentence_transitions(tokens: tuple[str, ...]) -> tuple[tuple[int, bool], tu
 
 
 class Tokenizers:
-    """One tokenizer per language, made on first use: spaCy rules, or jieba for unsegmented scripts."""
+    """One tokenizer per language, made on first use: spaCy rules, or jieba for unsegmented scripts.
+
+    ``shared_tokenizers()`` is the one a process uses, so its bounded caches stay warm across the
+    partitions a Spark Python worker processes.
+    """
 
     def __init__(self):
         self._by_kind: dict[str, SpacyRulesTokenizer | JiebaTokenizer] = {}
@@ -279,3 +286,8 @@ class Tokenizers:
             )
             tokenizer = self._by_kind[kind] = factory()
         return tokenizer
+
+
+@cache
+def shared_tokenizers() -> Tokenizers:
+    return Tokenizers()

@@ -42,6 +42,10 @@ def rows() -> list[dict]:
         "pii": article("night-sky") + "\n" + CONTACT_LINE + " Also fe80::1ff:fe23:4567:890a replied.",
         "chinese": CHINESE,
         "mixed": article("compost").split("\n", 2)[1] + "\n" + CHINESE,
+        "uncertain": "Before steam engines and electric motors, a river was the most reliable source of power a "
+        "village could hope for.\n"
+        + "茶起源于中国，已有数千年的历史。最初，人们把茶叶当作药材，用来提神和解渴。"
+        * 2,
         "german": "Die Stadt liegt an einem breiten Fluss, der seit Jahrhunderten die Mühlen antreibt. " * 3,
         "empty": "",
         "missing": None,
@@ -105,6 +109,9 @@ def test_languages_and_their_rules(cleaned):
     assert out["german"]["lang"] == "de" and out["german"]["drop_rule"] == "language.not_kept"
     mixed = out["mixed"]
     assert mixed["lang"] in {"en", "zh"} and mixed["lang_score"] is not None
+    uncertain = out["uncertain"]
+    assert uncertain["lang"] == "zh" and uncertain["lang_score"] < 0.65
+    assert uncertain["drop_rule"] == "language.min_score"
     mixed_kept_as_chinese = mixed["lang"] == "zh" and mixed["drop_rule"] is None
     assert counters["kept_by_language"]["zh"] == 1 + mixed_kept_as_chinese
 

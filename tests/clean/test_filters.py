@@ -312,6 +312,15 @@ def test_newline_word_ratio(newlines, dropped):
     assert fineweb_drops("fineweb.max_newline_word_ratio", text) is dropped
 
 
+def test_nothing_left_after_c4_is_empty_for_fineweb():
+    config = load_config(overrides=["clean.c4.min_num_sentences=null"], environ={}).clean
+    signals, filtered = DocumentSignals(config).compute("No full stop here\nnor here", "en")
+    assert filtered == "" and signals["fineweb"]["lines"] == 0
+    (rule,) = [r for r in recipe_rules(config, []) if r.name == "fineweb.empty"]
+    assert rule.drops(signals, "en")
+    assert not rule.drops(signals_of("\n".join(GOOD_LINES)), "en")
+
+
 def test_line_punct_exclude_zero():
     config = load_config(overrides=["clean.fineweb.line_punct_exclude_zero=true"], environ={}).clean
     (rule,) = [r for r in recipe_rules(config, []) if r.name == "fineweb.min_line_punct_ratio"]

@@ -1,6 +1,8 @@
 """Language identification and the per-language configuration."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.clean.language import LANGID_LABELS, identify_language
 from pipeline.core.config import ConfigError, load_config
@@ -67,3 +69,43 @@ def test_language_overrides_apply_to_their_language_only():
     assert config.clean.for_language("de").gopher_quality.stop_words == ["der", "die", "und"]
     assert config.clean.for_language("en").gopher_quality.stop_words[0] == "the"
     assert config.clean.for_language("zh").gopher_quality.stop_words is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "The river ",
+                "turned the wheel. ",
+                "Die Stadt ",
+                "liegt am Fluss. ",
+                "茶起源于中国，",
+                "历史。",
+                "ABC ",
+                "42 ",
+                "é",
+                "\n",
+                "  ",
+                "—",
+                "🙂",
+            ]
+        ),
+        max_size=60,
+    ).map("".join)
+)
+def test_vectorised_walk_returns_exactly_what_py3langid_returns(text):
+    from pipeline.clean.language import _fast_identifier, _identifier
+
+    assert _fast_identifier().classify(text) == _identifier().classify(text)
+
+
+def test_vectorised_walk_on_longer_documents():
+    import trafilatura
+
+    from pipeline.clean.language import _fast_identifier, _identifier
+    from tests.conftest import PROJECT_ROOT
+
+    for path in sorted((PROJECT_ROOT / "pipeline" / "crawl" / "sample_site").rglob("*.html")):
+        text = trafilatura.extract(path.read_text(), favor_precision=True) or path.read_text()
+        assert _fast_identifier().classify(text) == _identifier().classify(text), path.name

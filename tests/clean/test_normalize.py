@@ -1,4 +1,4 @@
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.clean.normalize import decode_utf8, normalize_text
@@ -40,3 +40,30 @@ def test_invalid_bytes_and_surrogates_become_replacement_characters():
     raw = "caf\xc3\xa9 \xed\xa0\x80 \xff end".encode("latin-1")
     assert decode_utf8(raw) == "café \ufffd\ufffd\ufffd \ufffd end"
     assert "\ud800" not in normalize_text("lone \ud800 surrogate")
+
+
+PIECES = [
+    *"aeiou AEIOU.,;'\"\n",
+    *(chr(c) for c in range(0x80, 0x180)),
+    *"€‚ƒ„…†‡ˆ‰Š‹ŒŽ‘’“”•–—˜™š›œžŸ",
+    "\x1b[0m",
+    "\ufffd",
+    "\u2019",
+    "\u00e2\u20ac\u2122",
+    "\u00c3\u00a9",
+    "\ud83d",
+    "\ude00",
+    "中文",
+    *"ГўВЂВвЂβ€ΒΓΞΟ‚Ä√≈×Œœ│░āØ",
+]
+MOJIBAKE_PRONE = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(MOJIBAKE_PRONE)
+def test_skipping_ftfy_never_changes_the_result(text):
+    import ftfy
+
+    from pipeline.clean.normalize import _ftfy_config, repair_mojibake
+
+    assert repair_mojibake(text) == ftfy.fix_text(text, _ftfy_config())

@@ -8,13 +8,14 @@ languages)``. ``DocumentSignals`` computes every signal of one document in one p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.clean.filters import c4, fineweb, gopher_quality, gopher_repetition
 from pipeline.clean.filters.rules import Rule, first_failing
-from pipeline.clean.words import SEGMENTED_LANGUAGES, Tokenizers
+from pipeline.clean.words import SEGMENTED_LANGUAGES, shared_tokenizers
 
 FILTERS = (gopher_repetition, gopher_quality, c4, fineweb)
 SIGNALS = pa.struct([(module.NAME, module.SIGNALS) for module in FILTERS])
@@ -69,13 +70,19 @@ class TokenTable:
         self.hash[index] = gopher_repetition.word_hash(word)
 
 
+@cache
+def shared_token_table() -> TokenTable:
+    return TokenTable()
+
+
 class DocumentSignals:
-    """All filter signals of a document, and the text C4 leaves. One per Spark partition."""
+    """All filter signals of a document, and the text C4 leaves. One per Spark partition; the word
+    caches behind it are per process and bounded."""
 
     def __init__(self, config):
         self.config = config  # CleanConfig
-        self.tokenizers = Tokenizers()
-        self.table = TokenTable()
+        self.tokenizers = shared_tokenizers()
+        self.table = shared_token_table()
         self._by_language: dict[str | None, object] = {}
 
     def _language_config(self, lang: str | None):

@@ -70,10 +70,14 @@ def apply(
     for line in lines:
         line = line.strip()
         words = line_words(line)
-        if max_word_length is not None and any(len(word) > max_word_length for word in words):
+        if (
+            max_word_length is not None
+            and len(line) > max_word_length
+            and any(len(word) > max_word_length for word in words)
+        ):
             removed["too_long_word"] += 1
             continue
-        if section.remove_citations:
+        if section.remove_citations and "[" in line:
             line, found = CITATION.subn("", line)
             citations += found
         if section.filter_no_terminal_punct and (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -79,22 +80,42 @@ def top_ngram_chars(keys: np.ndarray, word_chars: np.ndarray, n: int) -> int:
 
 
 def duplicated_ngram_chars(keys: np.ndarray, word_chars: np.ndarray, n: int) -> int:
-    """datatrove's find_all_duplicate: characters of repeated n-grams, skipping past each repeat."""
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    repeats = np.flatnonzero(first[inverse] < np.arange(keys.size))
-    if repeats.size == 0:
+    """datatrove's find_all_duplicate: walk the n-grams; one seen before (at a position the walk visited)
+    adds its characters and the walk jumps past it, any other is remembered and the walk steps by one.
+
+    Only positions whose n-gram occurred earlier can be repeats, so the walk visits just those: a repeat
+    at p is real when some earlier occurrence of its n-gram was not jumped over.
+    """
+    count = keys.size
+    order = np.argsort(keys, kind="stable")  # equal keys stay in position order
+    sorted_keys = keys[order]
+    starts_group = np.ones(count, dtype=bool)
+    starts_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_start = np.flatnonzero(starts_group)
+    group = np.empty(count, dtype=np.int64)
+    group[order] = np.cumsum(starts_group) - 1
+    first = order[group_start[group]]
+    candidates = np.flatnonzero(first < np.arange(count))
+    if candidates.size == 0:
         return 0
-    start = int(repeats[0])
-    seen = set(keys[:start].tolist())
-    key_list = keys.tolist()
-    repeated, index, end = 0, start, len(key_list)
-    while index < end:
-        key = key_list[index]
-        if key in seen:
-            repeated += int(word_chars[index + n] - word_chars[index])
-            index += n
-        else:
-            seen.add(key)
+    order_list, group_list, start_list = order.tolist(), group.tolist(), group_start.tolist()
+    chars = (word_chars[n:] - word_chars[:-n]).tolist()  # characters of the n-gram at each position
+    jumps: list[int] = []  # positions of repeats found so far; the n-1 after each are never visited
+    repeated, next_visited = 0, 0
+    for position in candidates.tolist():
+        if position < next_visited:
+            continue
+        index = start_list[group_list[position]]
+        while True:
+            earlier = order_list[index]
+            if earlier >= position:
+                break
+            jump = bisect_left(jumps, earlier)
+            if not (jump and earlier < jumps[jump - 1] + n):  # visited, so its n-gram was remembered
+                repeated += chars[position]
+                jumps.append(position)
+                next_visited = position + n
+                break
             index += 1
     return repeated
 
