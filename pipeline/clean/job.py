@@ -263,6 +263,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
 
         index = spark.read.parquet(str(crawl.path / "index"))
         pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
+        # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
+        pages = pages.repartition(config.spark.shuffle_partitions, "id")
         crawl_root = str(crawl.path)
         extracted = pages.select(
             "id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"

@@ -59,30 +59,40 @@ def redact(text: str, replacements: dict[str, str]) -> tuple[str, dict[str, int]
     return text, counts
 
 
-ANY = "|".join(f"(?:{pattern})" for pattern in PATTERNS.values())
+# Cheap necessary conditions, one per kind: every match of the kind's pattern contains a match of its gate.
+# (Placeholders hold no digits, "@" or ":", so a gate on the original text also covers the later kinds.)
+GATES = {
+    "email": "@",  # a literal: String.contains, no regex
+    "ip": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]|:[0-9A-Fa-f]{0,4}:",  # not version numbers like 3.11.7
+    # not years, ranges or counts like 1990, 2019-2020 or (1990)
+    "phone": r"\+[1-9]|\([0-9]{3}\)|[0-9]{3}-[0-9]{3}-[0-9]|[0-9]{3}\.[0-9]{3}\.[0-9]|0[0-9]{2,4} [0-9]{3}",
+}
 
 
 def redact_dataframe(df, replacements: dict[str, str], text_col: str = "text", counts_col: str = "pii"):
     """``df`` with PII in ``text_col`` replaced and a ``counts_col`` struct of matches per kind, using only
-    Spark's built-in regex functions.
+    Spark's built-in string and regex functions.
 
-    One scan for any kind comes first: most documents hold no PII, and then nothing else runs (with no
-    match the text never changes, so no later kind can match). Each step is its own column, so Spark
-    evaluates every regex once per row.
+    Each kind's full pattern runs only on texts its gate lets through, and replaces only where it counted
+    a match; each step is its own column, so Spark evaluates every regex once per row.
     """
     from pyspark.sql import functions as F
 
     text = F.col(text_col)
-    df = df.withColumn("_has_pii", F.coalesce(text.rlike(ANY), F.lit(False)))
+    for kind in KINDS:
+        gate = text.contains(GATES[kind]) if kind == "email" else text.rlike(GATES[kind])
+        df = df.withColumn(f"_pii_gate_{kind}", F.coalesce(gate, F.lit(False)))
     for kind in KINDS:
         pattern = F.lit(PATTERNS[kind])
         # Java replacement strings treat $ and \ specially; the placeholder is literal.
         literal = F.lit(replacements[kind].replace("\\", "\\\\").replace("$", "\\$"))
+        count = F.col(f"_pii_{kind}")
         df = df.withColumn(
             f"_pii_{kind}",
-            F.when(F.col("_has_pii"), F.coalesce(F.regexp_count(text, pattern), F.lit(0))).otherwise(0),
-        ).withColumn(
-            text_col, F.when(F.col("_has_pii"), F.regexp_replace(text, pattern, literal)).otherwise(text)
-        )
+            F.when(F.col(f"_pii_gate_{kind}"), F.coalesce(F.regexp_count(text, pattern), F.lit(0))).otherwise(
+                0
+            ),
+        ).withColumn(text_col, F.when(count > 0, F.regexp_replace(text, pattern, literal)).otherwise(text))
     counts = F.struct(*[F.col(f"_pii_{kind}").cast("int").alias(kind) for kind in KINDS])
-    return df.withColumn(counts_col, counts).drop("_has_pii", *[f"_pii_{kind}" for kind in KINDS])
+    helpers = [f"_pii_{kind}" for kind in KINDS] + [f"_pii_gate_{kind}" for kind in KINDS]
+    return df.withColumn(counts_col, counts).drop(*helpers)

@@ -47,7 +47,7 @@ class SpacyRulesTokenizer:
             self._matcher.setdefault(pattern[0], []).append((pattern, chunk))
         self._cache: dict[str, tuple[str, ...]] = {}
         self._cache_size = cache_size
-        self._sentence_cache: dict[str, tuple[tuple[int, bool], tuple[int, bool]]] = {}
+        self._sentence_cache: dict[str, tuple[tuple[tuple[int, bool], tuple[int, bool]], int]] = {}
 
     def chunk_tokens(self, chunk: str) -> tuple[str, ...]:
         """Tokens of one whitespace-free chunk."""
@@ -91,20 +91,27 @@ class SpacyRulesTokenizer:
 
     def count_sentences(self, text: str) -> int:
         """Sentences by spaCy's sentencizer, as datatrove's ``split_into_sentences`` counts them."""
+        return self.sentences_and_words(text)[0]
+
+    def sentences_and_words(self, text: str) -> tuple[int, int]:
+        """(sentences, words) of one line, from cached per-chunk sentencizer transitions."""
         chunks = text.split()
         spaces = text.count(" ")
         if not chunks or len(chunks) != spaces + 1 or len(text) - spaces != sum(map(len, chunks)):
             # Other whitespace than single spaces between words makes whitespace tokens: the slow way.
-            return count_sentences(self.tokens_with_spaces(text))
-        boundaries, seen_period = 0, False
+            return count_sentences(self.tokens_with_spaces(text)), len(self.words(text))
+        boundaries, words, seen_period = 0, 0, False
         cache = self._sentence_cache
         for chunk in chunks:
-            transitions = cache.get(chunk)
-            if transitions is None:
-                transitions = cache[chunk] = _sentence_transitions(self.chunk_tokens(chunk))
+            entry = cache.get(chunk)
+            if entry is None:
+                tokens = self.chunk_tokens(chunk)
+                entry = cache[chunk] = (_sentence_transitions(tokens), len(tokens))
+            transitions, size = entry
             found, seen_period = transitions[seen_period]
             boundaries += found
-        return 1 + boundaries
+            words += size
+        return 1 + boundaries, words
 
     def _split(self, string: str, with_special_cases: bool) -> list[str]:
         specials = self._specials if with_special_cases else {}
@@ -215,6 +222,10 @@ class JiebaTokenizer:
 
     def count_sentences(self, text: str) -> int:
         return count_sentences(self.tokens_with_spaces(text))
+
+    def sentences_and_words(self, text: str) -> tuple[int, int]:
+        tokens = self.tokens_with_spaces(text)
+        return count_sentences(tokens), sum(1 for token in tokens if token.strip())
 
 
 @cache

@@ -168,3 +168,25 @@ def test_spark_decision_matches_the_python_rules(cleaned):
 def test_result_does_not_depend_on_partitioning(corpus, cleaned):
     _, one_partition, _ = run_clean(corpus, 1)
     assert one_partition == cleaned[1]
+
+
+@pytest.mark.slow
+def test_spark_redaction_matches_python(corpus):
+    from pipeline.clean.pii import KINDS, redact, redact_dataframe
+    from tests.clean.test_pii import PLACEHOLDERS, SAMPLES
+
+    config = make_config(corpus / "data")
+    spark = spark_session(config, "test-clean-job")
+    texts = [text for text, *_ in SAMPLES] + [
+        "no pii here",
+        None,
+        "mixed a@b.io and 10.0.0.1 and +1 415 555 2671",
+    ]
+    df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id int, text string")
+    out = {row["id"]: row for row in redact_dataframe(df, PLACEHOLDERS).collect()}
+    for i, text in enumerate(texts):
+        if text is None:
+            assert out[i]["text"] is None and out[i]["pii"].asDict() == dict.fromkeys(KINDS, 0)
+            continue
+        expected_text, expected_counts = redact(text, PLACEHOLDERS)
+        assert (out[i]["text"], out[i]["pii"].asDict()) == (expected_text, expected_counts), text

@@ -234,7 +234,7 @@ def test_line_removals_and_citations():
         ]
     )
     result = c4_filter.apply(
-        text, CONFIG.c4, str.split, DOCUMENTS.tokenizers.for_language("en").count_sentences
+        text, CONFIG.c4, str.split, DOCUMENTS.tokenizers.for_language("en").sentences_and_words
     )
     assert result.text.split("\n") == [
         "A word " + "w" * 1000 + " is just short enough.",

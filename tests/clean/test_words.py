@@ -82,6 +82,7 @@ def test_tokens_partition_each_chunk(text):
         assert "".join(english.chunk_tokens(chunk)) == chunk
     assert english.words(text) == [token for chunk in text.split() for token in english.chunk_tokens(chunk)]
     assert english.count_sentences(text) == count_sentences(english.tokens_with_spaces(text))
+    assert english.sentences_and_words(text)[1] == len(english.words(text))
 
 
 def test_chinese_is_segmented_with_jieba():
@@ -90,5 +91,7 @@ def test_chinese_is_segmented_with_jieba():
     assert "中国" in words and "历史" in words and "，" in words
     assert "".join(words) == "茶起源于中国，已有数千年的历史。最初，人们把茶叶当作药材。"
     assert chinese.count_sentences("今天天气很好。我们去公园散步吧！好的。") == 3
+    line = "今天天气很好。 我们去公园散步吧！"
+    assert chinese.sentences_and_words(line) == (2, len(chinese.words(line)))
     assert isinstance(Tokenizers().for_language("zh"), JiebaTokenizer)
     assert isinstance(Tokenizers().for_language("de"), SpacyRulesTokenizer)

@@ -119,13 +119,13 @@ class DocumentSignals:
                 text,
                 config.c4,
                 line_words=tokenizer.words if segmented else str.split,
-                count_sentences=tokenizer.count_sentences,
+                sentences_and_words=tokenizer.sentences_and_words,
             )
             signals[c4.NAME] = result.signals
             filtered_text = result.text
         else:
             signals[c4.NAME] = None
         fineweb_text = text if filtered_text is None else filtered_text
-        fineweb_words = len(words) if filtered_text is None else len(tokenizer.words(fineweb_text))
+        fineweb_words = len(words) if filtered_text is None else result.words
         signals[fineweb.NAME] = fineweb.signals(fineweb_text, fineweb_words, config.fineweb.short_line_length)
         return signals, filtered_text

@@ -46,13 +46,14 @@ SIGNALS = pa.struct(
 class C4Result:
     text: str
     signals: dict
+    words: int  # words of ``text``, counted line by line on the way
 
 
 def apply(
     text: str,
     section,
     line_words: Callable[[str], list[str]],
-    count_sentences: Callable[[str], int],
+    sentences_and_words: Callable[[str], tuple[int, int]],
 ) -> C4Result:
     """Run the line rules of ``section`` (a C4Config) over ``text``.
 
@@ -61,7 +62,7 @@ def apply(
     """
     removed = dict.fromkeys(LINE_REMOVALS, 0)
     kept_lines: list[str] = []
-    sentences = citations = 0
+    sentences = citations = kept_words = 0
     doc_drop = None
     end_punctuation = tuple(section.end_punctuation)
     max_word_length = section.max_word_length
@@ -99,8 +100,10 @@ def apply(
         if section.filter_policy and any(phrase in lowered for phrase in POLICY_SUBSTRINGS):
             removed["policy"] += 1
             continue
+        line_sentences, line_word_count = sentences_and_words(line)
         if section.min_num_sentences is not None:
-            sentences += count_sentences(line)
+            sentences += line_sentences
+        kept_words += line_word_count
         kept_lines.append(line)
     signals = {
         "lines": len(lines),
@@ -110,7 +113,7 @@ def apply(
         "sentences": sentences,
         "doc_drop": doc_drop,
     }
-    return C4Result("\n".join(kept_lines).strip(), signals)
+    return C4Result("\n".join(kept_lines).strip(), signals, kept_words)
 
 
 def rules(config, languages: Sequence[str]) -> list[Rule]:
