@@ -513,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{count / run['cpu_seconds']:>12.1f}{kept:>9}"
         )
     print(
-        f"(Spark session start, not counted: {ours['session_seconds']:.1f} s; 1-minute load average: {load:.1f})"
+        f"(not counted for ours: Spark session start {warm_up['session_seconds']:.1f} s, warm-up run "
+        f"{warm_up['seconds']:.1f} s / {warm_up['cpu_seconds']:.1f} CPU s; 1-minute load average: {load:.1f})"
     )
     print(f"docs/s ours / datatrove: {ratio:.2f}x wall clock, {cpu_ratio:.2f}x per CPU second")
     print(f"keep/drop agreement: {agreement:.4%} ({sum(disagreements.values())} disagreements)")
