@@ -142,7 +142,11 @@ def test_bad_rows_are_quarantined_with_a_reason(cleaned):
     assert out["empty"]["drop_rule"] == "normalize.too_short"
     assert out["huge"]["drop_rule"] == "input.too_long" and out["huge"]["n_chars"] == TWENTY_MB
     assert out["junk"]["drop_rule"] is not None and out["junk"]["drop_reason"]
-    assert out["repetitive"]["drop_rule"].startswith("gopher_repetition.")
+    repetitive = out["repetitive"]
+    assert repetitive["drop_rule"].startswith("gopher_repetition.")
+    signal = repetitive["drop_reason"].split(": ", 1)[1].split("=")[0]
+    value = repetitive["signals"]["gopher_repetition"][signal]
+    assert repetitive["drop_reason"] == f"{repetitive['drop_rule']}: {signal}={value} > 0.3"
     surrogates = out["surrogates"]
     assert "\ufffd" in surrogates["text"] and "tide" in surrogates["text"].lower()
     assert surrogates["text"].encode("utf-8"), "valid UTF-8 after the pass"

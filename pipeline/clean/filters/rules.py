@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 _OPS = {"<": operator.lt, ">": operator.gt, "==": operator.eq}
@@ -28,7 +28,6 @@ class Rule:
     op: str
     thresholds: Mapping[str | None, Any]
     unless_zero: bool = False  # FineWeb's line_punct_exclude_zero: a ratio of exactly 0 is let through
-    description: str = field(default="", compare=False)
 
     def threshold(self, lang: str | None) -> Any:
         return self.thresholds.get(lang, self.thresholds.get(None))
@@ -57,9 +56,6 @@ class Rule:
         # A null signal or threshold makes the comparison null, which `when` treats as false.
         return compare
 
-    def reason(self, value: Any, lang: str | None) -> str:
-        return f"{self.name}: {self.signal.split('.')[1]}={value!r} {self.op} {self.threshold(lang)!r}"
-
     def spark_reason(self, signals_col: str = "signals", lang_col: str = "lang"):
         from pyspark.sql import functions as F
 
@@ -73,8 +69,12 @@ class Rule:
             threshold = F.when(
                 F.col(lang_col) == lang, F.lit(repr(specific) if specific is not None else None)
             ).otherwise(threshold)
-        return F.concat_ws(
-            " ", F.lit(f"{self.name}: {self.signal.split('.')[1]}="), value, F.lit(self.op), threshold
+        prefix = F.lit(f"{self.name}: {self.signal.split('.')[1]}=")
+        return F.concat(
+            prefix,
+            F.coalesce(value, F.lit("null")),
+            F.lit(f" {self.op} "),
+            F.coalesce(threshold, F.lit("null")),
         )
 
 
