@@ -6,19 +6,11 @@ Trigger it from the UI (optionally with a snapshot name, a config file and overr
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pendulum
 from airflow.sdk import Param, dag
 
 from operators import PipelineStageOperator, PyTorchJobOperator
-
-default_args = {
-    "retries": 1,
-    "retry_delay": timedelta(seconds=30),
-    "retry_exponential_backoff": True,
-    "execution_timeout": timedelta(hours=2),
-}
+from operators.defaults import DEFAULT_ARGS
 
 
 @dag(
@@ -26,7 +18,7 @@ default_args = {
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    default_args=default_args,
+    default_args={**DEFAULT_ARGS, "retries": 1},
     render_template_as_native_obj=True,
     tags=["pretrain", "demo"],
     params={

@@ -1,6 +1,7 @@
 """Airflow operators for pretrain-pipeline. They launch stages; the data logic lives in ``pipeline``."""
 
 from operators.pytorch_job import PyTorchJobOperator
+from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
 
-__all__ = ["PipelineStageOperator", "PyTorchJobOperator"]
+__all__ = ["PipelineSparkSubmitOperator", "PipelineStageOperator", "PyTorchJobOperator"]

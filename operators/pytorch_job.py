@@ -1,22 +1,41 @@
-"""Launch distributed training through torchrun on this worker (the Kubernetes launcher arrives separately)."""
+"""Launch distributed training: torchrun on this worker, or a Kubeflow PyTorchJob on Kubernetes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowException
+
 from operators.base import PipelineOperator
+from pipeline.core.config import PipelineConfig
+from pipeline.core.lineage import Lineage
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
 from pipeline.train.launch import child_environment, prepare_torchrun
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "kubernetes")
+ON_FINISH = ("delete", "delete_succeeded", "keep")
+SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
 class PyTorchJobOperator(PipelineOperator):
-    """Runs `torchrun ... -m pipeline.train`, streams every rank's output into the task log,
-    and kills the whole process group (agent and workers) when the task is killed."""
+    """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow PyTorchJob.
 
-    template_fields = (*PipelineOperator.template_fields, "nproc_per_node", "nnodes")
+    ``launcher="local"`` runs torchrun as a child process in its own process group, streams every rank's
+    output into the task log, and kills the whole group (agent and workers) when the task is killed.
+
+    ``launcher="kubernetes"`` renders a ``kubeflow.org/v1`` PyTorchJob (see ``operators.kubeflow``), creates
+    it, and defers to a trigger that polls the job's conditions. The job's name is derived from the
+    task instance (dag, run, task, map index) and not from the try number, so a retry finds the job
+    its previous try created and reattaches to it instead of creating a second one; a previous try's
+    *failed* job is deleted and resubmitted. When it finishes, the master pod's log is copied into the task
+    log and the job is deleted or kept (``on_finish``). Killing the task deletes the job.
+
+    Cluster settings (image, namespace, PVC, GPUs, ...) come from ``KubernetesJobSettings`` defaults, then
+    the JSON Airflow Variable ``pretrain_kubernetes``, then the ``kubernetes_settings`` argument.
+    """
+
+    template_fields = (*PipelineOperator.template_fields, "launcher", "nproc_per_node", "nnodes")
 
     def __init__(
         self,
@@ -25,25 +44,52 @@ class PyTorchJobOperator(PipelineOperator):
         nproc_per_node: int | str | None = None,
         nnodes: int | str | None = None,
         input_stage: str = "tokenize",
+        kubernetes_conn_id: str = "kubernetes_default",
+        kubernetes_settings: dict[str, Any] | None = None,
+        on_finish: str = "delete_succeeded",
+        poll_interval: float = 15.0,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("task_id", "train")
         super().__init__(**kwargs)
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"launcher {launcher!r} is not supported; choose one of {LAUNCHERS}")
+        if on_finish not in ON_FINISH:
+            raise ValueError(f"on_finish {on_finish!r} is not one of {ON_FINISH}")
         self.launcher = launcher
         self.nproc_per_node = nproc_per_node
         self.nnodes = nnodes
         self.input_stage = input_stage
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.kubernetes_settings = dict(kubernetes_settings or {})
+        self.on_finish = on_finish
+        self.poll_interval = poll_interval
+        self._job: tuple[str, str] | None = None  # (namespace, name) while this process watches a job
+        if not any(marker in str(launcher) for marker in ("{{", "{%")):
+            self._checked_launcher()
 
-    def execute(self, context) -> str:
+    def _checked_launcher(self) -> str:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {self.launcher!r} is not supported; choose one of {LAUNCHERS}")
+        return self.launcher
+
+    def _config(self) -> PipelineConfig:
         sizes = []
         if self.nproc_per_node not in (None, ""):
             sizes.append(f"train.nproc_per_node={int(self.nproc_per_node)}")
         if self.nnodes not in (None, ""):
             sizes.append(f"train.nnodes={int(self.nnodes)}")
-        config = self.resolved_config(sizes)
+        return self.resolved_config(sizes)
+
+    def execute(self, context) -> str:
+        launcher = self._checked_launcher()
+        config = self._config()
         tokens = DatasetRef.of(config, self.input_stage, self.snapshot)
+        if launcher == "local":
+            return self._run_local(config, tokens)
+        return self._start_kubernetes(config, context)
+
+    # --- local ----------------------------------------------------------------------------------------
+
+    def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
         command = prepare_torchrun(config, tokens, self.snapshot)
         self.log.info("launching %s", " ".join(command))
         run_streaming(
@@ -53,3 +99,115 @@ class PyTorchJobOperator(PipelineOperator):
             on_start=self.remember_process,
         )
         return str(DatasetRef.of(config, "train", self.snapshot).require().path)
+
+    # --- kubernetes -----------------------------------------------------------------------------------
+
+    def job_settings(self):
+        from airflow.sdk import Variable
+
+        from operators.kubeflow.manifest import KubernetesJobSettings
+
+        settings = KubernetesJobSettings().merged(
+            Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True)
+        )
+        settings = settings.merged(self.kubernetes_settings)
+        if settings.active_deadline_seconds is None and self.execution_timeout is not None:
+            # A deferred task's timeout does not reach the cluster; let the job stop itself at the same time.
+            settings = settings.merged(
+                {"active_deadline_seconds": int(self.execution_timeout.total_seconds())}
+            )
+        return settings
+
+    def job_client(self, namespace: str):
+        from operators.kubeflow.client import PyTorchJobClient, api_client_for
+
+        return PyTorchJobClient(api_client_for(self.kubernetes_conn_id), namespace)
+
+    def _start_kubernetes(self, config: PipelineConfig, context) -> str:
+        from operators.kubeflow.manifest import job_name, job_state, render_pytorch_job
+        from operators.kubeflow.trigger import PyTorchJobTrigger
+
+        ti = context["ti"]
+        name = job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        settings = self.job_settings()
+        lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
+        manifest = render_pytorch_job(
+            config,
+            name=name,
+            snapshot=self.snapshot,
+            input_stage=self.input_stage,
+            settings=settings,
+            lineage=lineage,
+        )
+        client = self.job_client(settings.namespace)
+        self._job = (settings.namespace, name)
+        existing = client.get(name)
+        state, message = job_state(existing)
+        if existing is not None and state == "Failed":
+            self.log.warning(
+                "PyTorchJob %s/%s of an earlier try failed (%s); resubmitting", *self._job, message
+            )
+            client.delete(name)
+            client.wait_deleted(name)
+            existing = None
+        if existing is None:
+            if client.create(manifest) is None:
+                self.log.info("PyTorchJob %s/%s was created concurrently; attaching to it", *self._job)
+            else:
+                self.log.info(
+                    "created PyTorchJob %s/%s: %d node(s) x %s process(es), image %s",
+                    *self._job,
+                    config.train.nnodes,
+                    config.train.nproc_per_node,
+                    settings.image,
+                )
+        elif state == "Succeeded":
+            self.log.info("PyTorchJob %s/%s already succeeded in an earlier try", *self._job)
+            return self.execute_complete(
+                context, {"name": name, "namespace": settings.namespace, "state": state, "message": message}
+            )
+        else:
+            self.log.info("reattaching to PyTorchJob %s/%s (%s) created by an earlier try", *self._job, state)
+        self.defer(
+            trigger=PyTorchJobTrigger(
+                name=name,
+                namespace=settings.namespace,
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context, event: dict[str, Any]) -> str:
+        name, namespace, state = event["name"], event["namespace"], event["state"]
+        self._job = (namespace, name)
+        client = self.job_client(namespace)
+        if state != "Missing":
+            logs = client.master_logs(name)
+            self.log.info("---- master log of PyTorchJob %s/%s ----", namespace, name)
+            for line in logs.splitlines():
+                self.log.info("%s", line)
+            self.log.info("---- end of master log ----")
+        succeeded = state == "Succeeded"
+        if self.on_finish == "delete" or (self.on_finish == "delete_succeeded" and succeeded):
+            client.delete(name)
+            self.log.info("deleted PyTorchJob %s/%s", namespace, name)
+        elif state != "Missing":
+            self.log.info("kept PyTorchJob %s/%s (on_finish=%s)", namespace, name, self.on_finish)
+        self._job = None
+        if not succeeded:
+            raise AirflowException(f"PyTorchJob {namespace}/{name} ended {state}: {event.get('message', '')}")
+        train = DatasetRef.of(self._config(), "train", self.snapshot)
+        if not train.is_complete():
+            self.log.warning(
+                "%s is not visible from this worker; mount the job's volume at project.data_root to read it",
+                train.path,
+            )
+        return str(train.path)
+
+    def on_kill(self) -> None:
+        super().on_kill()
+        if self._job is not None:
+            namespace, name = self._job
+            if self.job_client(namespace).delete(name):
+                self.log.info("task killed: deleted PyTorchJob %s/%s", namespace, name)

@@ -1,0 +1,67 @@
+"""Daily corpus refresh: crawl (one mapped task per shard), then clean, dedup, quality report and tokenize.
+
+One snapshot per logical date (`ds`), or the `snapshot` given when triggered by hand. The last task emits
+an event on the `token_shards` Asset naming the snapshot, which schedules the `pretrain` DAG on it.
+Which stages run after the crawl is defined once, in `operators.corpus`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from operators import PipelineStageOperator
+from operators.assets import TOKEN_SHARDS, token_shards_extra
+from operators.corpus import corpus_stage_tasks, crawl_shard_arguments
+from operators.defaults import DEFAULT_ARGS
+from pipeline.core.config import load_config
+from pipeline.core.manifest import MANIFEST_NAME, Manifest
+
+
+@dag(
+    dag_id="corpus_ingest",
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    render_template_as_native_obj=True,
+    doc_md=__doc__,
+    tags=["pretrain", "corpus"],
+    params={
+        "snapshot": Param("", type="string", description="snapshot name; empty means the logical date"),
+        "config_path": Param(
+            "", type="string", description="YAML config file; empty means built-in defaults"
+        ),
+        "overrides": Param([], type="array", description="config overrides such as crawl.max_pages=500"),
+    },
+)
+def corpus_ingest():
+    @task
+    def crawl_shards(params=None) -> list[list[str]]:
+        """Extra crawl arguments per shard; the crawl below maps one task over them."""
+        return crawl_shard_arguments(load_config(params["config_path"] or None, params["overrides"]))
+
+    crawl = PipelineStageOperator.partial(task_id="crawl", stage="crawl").expand(extra_args=crawl_shards())
+    stages = corpus_stage_tasks(first_input="crawl")
+    crawl >> stages[0]
+
+    @task(outlets=[TOKEN_SHARDS])
+    def publish_token_shards(path: str, snapshot: str, params=None, outlet_events=None) -> str:
+        """Announce the snapshot's token shards: this event schedules `pretrain`."""
+        manifest = Manifest.read(Path(path) / MANIFEST_NAME)
+        outlet_events[TOKEN_SHARDS].extra = token_shards_extra(
+            path=path,
+            snapshot=snapshot,
+            digest=manifest.digest,
+            config_path=params["config_path"],
+            overrides=params["overrides"],
+        )
+        return path
+
+    publish_token_shards(stages[-1].output, snapshot="{{ params.snapshot or ds }}")
+
+
+corpus_ingest()

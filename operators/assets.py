@@ -1,0 +1,38 @@
+"""The Asset that links corpus ingestion to training, and what its events carry.
+
+`corpus_ingest` emits an event on TOKEN_SHARDS each time it publishes a snapshot's token shards; `pretrain`
+is scheduled on it. The event's ``extra`` names the snapshot and the config it was built with (paths and
+ids only), so the training run reads exactly those shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import Asset
+
+TOKEN_SHARDS = Asset(name="token_shards", uri="pretrain://corpus/token-shards", group="pretrain")
+
+
+def token_shards_extra(
+    *, path: str, snapshot: str, digest: str, config_path: str | None, overrides: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "path": path,
+        "snapshot": snapshot,
+        "digest": digest,
+        "config_path": config_path or "",
+        "overrides": list(overrides),
+    }
+
+
+def latest_token_shards_extra(triggering_asset_events: Mapping | None) -> dict[str, Any]:
+    """The newest TOKEN_SHARDS event's extra for an asset-triggered run; {} for a manual one."""
+    if not triggering_asset_events:
+        return {}
+    events = list(triggering_asset_events.get(TOKEN_SHARDS, []) or [])
+    if not events:
+        return {}
+    latest = max(events, key=lambda event: event.timestamp)
+    return dict(latest.extra or {})

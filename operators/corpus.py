@@ -1,0 +1,64 @@
+"""The corpus stages after the crawl, as tasks: the one place that says which stages a corpus goes through.
+
+Both `corpus_ingest` (daily, after a crawl) and `reprocess_corpus` (backfills over stored crawls) build
+their stage tasks here, so a new stage joins both with a one-line change below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from airflow.sdk import BaseOperator
+
+from operators.spark import PipelineSparkSubmitOperator
+from operators.stage import PipelineStageOperator
+from pipeline.core.config import PipelineConfig
+
+# Each stage reads the output of the one before it (`--input-stage`); the last one writes the token shards.
+# When the dedup stage lands: ("clean", "dedup", "tokenize").
+CORPUS_STAGES: tuple[str, ...] = ("clean", "tokenize")
+
+# Reports on the finished documents (the output of the stage before the last), run beside tokenization.
+# When the quality report lands: ("quality",).
+CORPUS_REPORTS: tuple[str, ...] = ()
+
+# Stages that are Spark applications, submitted with spark-submit; any other runs as `pretrain <stage>`.
+SPARK_STAGES = frozenset({"clean", "dedup", "tokenize"})
+
+
+def crawl_shard_arguments(config: PipelineConfig) -> list[list[str]]:
+    """Extra `pretrain crawl` arguments for each crawl shard: one mapped crawl task per entry.
+
+    Today's crawl stage is one process over all seeds, so there is one shard with no extra arguments.
+    When sharded crawls land, return one argument list per shard, e.g.
+    ``[["--shard", str(i), "--num-shards", str(n)] for i in range(n)]`` with n from the config.
+    """
+    return [[]]
+
+
+def stage_task(stage: str, input_stage: str, **kwargs) -> BaseOperator:
+    if stage in SPARK_STAGES:
+        return PipelineSparkSubmitOperator(stage=stage, input_stage=input_stage, **kwargs)
+    return PipelineStageOperator(stage=stage, extra_args=["--input-stage", input_stage], **kwargs)
+
+
+def corpus_stage_tasks(
+    first_input: str = "crawl",
+    stages: Sequence[str] = CORPUS_STAGES,
+    reports: Sequence[str] = CORPUS_REPORTS,
+) -> list[BaseOperator]:
+    """Create the stage tasks in the DAG being defined, chained in order; returns them, last = token shards."""
+    tasks: list[BaseOperator] = []
+    previous = first_input
+    for stage in stages:
+        task = stage_task(stage, previous)
+        if tasks:
+            tasks[-1] >> task
+        tasks.append(task)
+        previous = stage
+    documents_stage = stages[-2] if len(stages) > 1 else first_input
+    for report in reports:
+        task = stage_task(report, documents_stage)
+        if len(tasks) > 1:
+            tasks[-2] >> task
+    return tasks

@@ -1,0 +1,99 @@
+"""The four Kubernetes API calls the PyTorchJob launcher makes: create, read and delete the job, read logs.
+
+Synchronous (the operator, in a worker) through the `kubernetes` client; the trigger polls with the
+async client of the same connection (see ``trigger.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, V1DeleteOptions
+from kubernetes.client.exceptions import ApiException
+
+from operators.kubeflow.manifest import CONTAINER_NAME, GROUP, JOB_NAME_LABEL, JOB_ROLE_LABEL, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+def api_client_for(conn_id: str) -> ApiClient:
+    """An ApiClient from an Airflow Kubernetes connection (kubeconfig path or content, or in-cluster)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=conn_id).get_conn()
+
+
+class PyTorchJobClient:
+    def __init__(self, api_client: ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = CustomObjectsApi(api_client)
+        self.core = CoreV1Api(api_client)
+
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create the job; None when one with that name already exists (another try created it)."""
+        try:
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, dict(manifest)
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete(self, name: str) -> bool:
+        """Delete the job and, in the background, its pods and services; False when it was already gone."""
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                body=V1DeleteOptions(propagation_policy="Background"),
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def wait_deleted(self, name: str, timeout_s: float = 120.0, poll_s: float = 2.0) -> None:
+        """Deletion is asynchronous (finalizers); a new job of the same name can only be created after it."""
+        deadline = time.monotonic() + timeout_s
+        while self.get(name) is not None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"PyTorchJob {self.namespace}/{name} still exists {timeout_s:.0f}s after delete"
+                )
+            time.sleep(poll_s)
+
+    def master_logs(self, name: str, tail_lines: int | None = 5000) -> str:
+        """The `pytorch` container's log of the job's Master pod ('' when the pod is gone)."""
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{JOB_NAME_LABEL}={name},{JOB_ROLE_LABEL}=master"
+        ).items
+        if not pods:
+            return ""
+        pod = sorted(pods, key=lambda p: p.metadata.name)[0]
+        try:
+            text = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=CONTAINER_NAME, tail_lines=tail_lines
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):  # the container never started, or the pod went away
+                log.warning("no log for pod %s: %s", pod.metadata.name, exc.reason)
+                return ""
+            raise
+        # The client hands text/plain bodies back as bytes in some versions.
+        return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)

@@ -1,0 +1,396 @@
+"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run.
+
+The job runs the same entrypoint as the local launcher (`torchrun -m pipeline.train`) in the pipeline image.
+The resolved config travels inside the manifest (an environment variable the container writes to a file), so
+the job is self-describing: `kubectl get pytorchjob -o yaml` shows exactly what was trained. Data and
+checkpoints live on a shared PersistentVolumeClaim mounted at ``project.data_root``, so Airflow workers that
+mount the same volume at the same path read the results (the report task) without copying.
+
+Validation has two parts: each replica's pod spec against the core Kubernetes OpenAPI schema
+(kubernetes-validate), and the whole object against the PyTorchJob CRD's OpenAPI schema kept in
+``docker/k8s/crds/``, plus the rules the training-operator's admission webhook enforces.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.core.config import PROJECT_ROOT, PipelineConfig
+from pipeline.core.lineage import Lineage
+
+GROUP = "kubeflow.org"
+VERSION = "v1"
+PLURAL = "pytorchjobs"
+KIND = "PyTorchJob"
+CONTAINER_NAME = "pytorch"  # the training-operator finds the training container by this name
+PORT_NAME = "pytorchjob-port"  # ... and the rendezvous port by this one
+CRD_PATH = PROJECT_ROOT / "docker" / "k8s" / "crds" / "kubeflow.org_pytorchjobs.yaml"
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+CONFIG_ENV = "PRETRAIN_CONFIG_YAML"
+CONFIG_FILE_IN_POD = "/tmp/pretrain-config.yaml"
+
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class InvalidManifestError(ValueError):
+    """The rendered PyTorchJob would be rejected by the API server or the training-operator."""
+
+
+@dataclass(frozen=True)
+class KubernetesJobSettings:
+    """Where and how the job runs on the cluster. Defaults suit one GPU per process on NVIDIA nodes."""
+
+    image: str = "pretrain-pipeline:latest"
+    image_pull_policy: str = "IfNotPresent"
+    namespace: str = "default"
+    pvc_name: str = "pretrain-data"
+    gpus_per_node: int | None = None
+    """nvidia.com/gpu per pod; None means one per process (train.nproc_per_node), 0 a CPU-only job."""
+    cpu: str = "8"
+    memory: str = "32Gi"
+    shm_size: str = "8Gi"
+    min_nodes: int | None = None
+    """Elastic lower bound on nodes (Master included); None means the requested node count."""
+    max_nodes: int | None = None
+    max_restarts: int = 3
+    restart_policy: str = "OnFailure"
+    clean_pod_policy: str = "Running"
+    backoff_limit: int = 3
+    ttl_seconds_after_finished: int | None = 86_400
+    active_deadline_seconds: int | None = None
+    rdzv_port: int = 23456
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    service_account_name: str | None = None
+    env: dict[str, str] = field(
+        default_factory=lambda: {
+            "NCCL_DEBUG": "WARN",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "NCCL_SOCKET_IFNAME": "eth0",
+        }
+    )
+    """Extra container environment; the defaults are the NCCL settings."""
+
+    def merged(self, values: Mapping[str, Any] | None) -> KubernetesJobSettings:
+        """A copy with some settings replaced (from operator kwargs or an Airflow Variable); unknown keys fail."""
+        values = dict(values or {})
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown Kubernetes job setting(s) {unknown}; known: {sorted(known)}")
+        return replace(self, **values)
+
+
+def job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """A DNS-1035 name that is the same for every try of one task instance, so a retry finds its job.
+
+    At most 52 characters, leaving room for the pod names the operator derives (`<job>-worker-<i>`).
+    """
+    digest = hashlib.sha256(f"{dag_id}\0{run_id}\0{task_id}\0{map_index}".encode()).hexdigest()[:12]
+    stem = re.sub(r"[^a-z0-9]+", "-", task_id.lower()).strip("-")[:28].strip("-") or "job"
+    return f"pretrain-{stem}-{digest}"
+
+
+def label_value(value: Any) -> str:
+    """Kubernetes label values: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    return _LABEL_VALUE.sub("_", str(value))[:63].strip("_.-")
+
+
+def _container_command(snapshot: str, input_stage: str, nproc_per_node: int, nodes: int) -> list[str]:
+    # torchrun takes the rendezvous (PET_NNODES, PET_RDZV_*, PET_MAX_RESTARTS) from the environment the
+    # training-operator sets for elastic jobs; a one-node job needs no rendezvous at all.
+    rendezvous = "--standalone " if nodes == 1 else ""
+    script = (
+        f'printf "%s" "${CONFIG_ENV}" > {CONFIG_FILE_IN_POD} && '
+        f"exec python -m torch.distributed.run {rendezvous}--nproc_per_node={nproc_per_node} "
+        f'-m pipeline.train --config {CONFIG_FILE_IN_POD} --snapshot "$1" --input-stage "$2"'
+    )
+    return ["/bin/sh", "-c", script, "pretrain-train", snapshot, input_stage]
+
+
+def _pod_template(
+    config: PipelineConfig,
+    settings: KubernetesJobSettings,
+    *,
+    name: str,
+    snapshot: str,
+    input_stage: str,
+    lineage: Lineage,
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    nproc = config.train.nproc_per_node
+    gpus = nproc if settings.gpus_per_node is None else settings.gpus_per_node
+    resources: dict[str, dict[str, Any]] = {
+        "requests": {"cpu": settings.cpu, "memory": settings.memory},
+        "limits": {"memory": settings.memory},
+    }
+    if gpus:
+        resources["requests"]["nvidia.com/gpu"] = gpus
+        resources["limits"]["nvidia.com/gpu"] = gpus
+    env = {
+        **settings.env,
+        **lineage.to_env(),
+        "PYTHONUNBUFFERED": "1",
+        "PRETRAIN_RUN_ID": name,
+        CONFIG_ENV: config.to_yaml(),
+    }
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": settings.image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": _container_command(snapshot, input_stage, nproc, config.train.nnodes),
+                "env": [{"name": key, "value": str(value)} for key, value in env.items()],
+                "ports": [{"name": PORT_NAME, "containerPort": settings.rdzv_port, "protocol": "TCP"}],
+                "resources": resources,
+                "volumeMounts": [
+                    {"name": "data", "mountPath": config.project.data_root},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        ],
+    }
+    if settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        spec["tolerations"] = copy.deepcopy(settings.tolerations)
+    if settings.service_account_name:
+        spec["serviceAccountName"] = settings.service_account_name
+    return {"metadata": {"labels": dict(labels)}, "spec": spec}
+
+
+def render_pytorch_job(
+    config: PipelineConfig,
+    *,
+    name: str,
+    snapshot: str,
+    input_stage: str = "tokenize",
+    settings: KubernetesJobSettings | None = None,
+    lineage: Lineage | None = None,
+) -> dict[str, Any]:
+    """The PyTorchJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot.
+
+    One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
+    (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
+    """
+    settings = settings or KubernetesJobSettings()
+    lineage = lineage or Lineage()
+    if "://" in config.project.data_root:
+        raise InvalidManifestError(
+            f"project.data_root {config.project.data_root!r} is a URI; the Kubernetes launcher mounts a "
+            "PersistentVolumeClaim at project.data_root, so it must be a local path"
+        )
+    nodes = config.train.nnodes
+    labels = {
+        "app.kubernetes.io/name": "pretrain-pipeline",
+        "app.kubernetes.io/component": "train",
+        "app.kubernetes.io/managed-by": "airflow",
+        "pretrain.dev/corpus": label_value(config.project.corpus),
+        "pretrain.dev/snapshot": label_value(snapshot),
+    }
+    if lineage.dag_id:
+        labels["pretrain.dev/dag-id"] = label_value(lineage.dag_id)
+    annotations = {
+        f"pretrain.dev/{key.replace('_', '-')}": str(value)
+        for key, value in lineage.to_dict().items()
+        if value is not None
+    }
+    annotations["pretrain.dev/config-hash"] = config.hash
+    template = _pod_template(
+        config,
+        settings,
+        name=name,
+        snapshot=snapshot,
+        input_stage=input_stage,
+        lineage=lineage,
+        labels=labels,
+    )
+    replica = {"restartPolicy": settings.restart_policy, "template": template}
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, **copy.deepcopy(replica)}}
+    spec: dict[str, Any] = {"nprocPerNode": str(config.train.nproc_per_node)}
+    if nodes > 1:
+        replicas["Worker"] = {"replicas": nodes - 1, **copy.deepcopy(replica)}
+        spec["elasticPolicy"] = {
+            "rdzvBackend": "c10d",
+            "minReplicas": settings.min_nodes or nodes,
+            "maxReplicas": settings.max_nodes or nodes,
+            "maxRestarts": settings.max_restarts,
+        }
+    spec["pytorchReplicaSpecs"] = replicas
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": settings.clean_pod_policy,
+        "backoffLimit": settings.backoff_limit,
+    }
+    if settings.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
+    if settings.active_deadline_seconds is not None:
+        run_policy["activeDeadlineSeconds"] = settings.active_deadline_seconds
+    spec["runPolicy"] = run_policy
+    job = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+    validate_pytorch_job(job)
+    return job
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+
+def _strict(schema: Any) -> Any:
+    """The CRD's structural schema as JSON Schema that rejects unknown fields.
+
+    The API server prunes unknown fields of a CRD object silently, so a typo such as `rdzvBackEnd` would
+    vanish on create; rejecting it here turns that into an error that names the field.
+    """
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = {key: _strict(value) for key, value in schema.items() if not key.startswith("x-kubernetes-")}
+    if (
+        schema.get("type") == "object"
+        and "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        converted["additionalProperties"] = False
+    if schema.get("x-kubernetes-int-or-string"):
+        converted.pop("type", None)
+    return converted
+
+
+@functools.cache
+def crd_schema(path: Path = CRD_PATH) -> dict[str, Any]:
+    """The v1 openAPIV3Schema of the PyTorchJob CRD, as strict JSON Schema."""
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    (crd,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == VERSION]
+    return _strict(version["schema"]["openAPIV3Schema"])
+
+
+def crd_errors(job: Mapping[str, Any], path: Path = CRD_PATH) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(crd_schema(path), format_checker=jsonschema.FormatChecker())
+    return [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
+        for error in sorted(validator.iter_errors(dict(job)), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
+def core_type_errors(job: Mapping[str, Any], kubernetes_version: str | None = None) -> list[str]:
+    """Validate each replica's pod template as a core/v1 Pod with kubernetes-validate (strict)."""
+    import kubernetes_validate
+
+    version = kubernetes_version or kubernetes_validate.latest_version()
+    errors = []
+    for replica_type, replica in (job.get("spec", {}).get("pytorchReplicaSpecs") or {}).items():
+        template = replica.get("template") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job['metadata']['name']}-{replica_type.lower()}-0",
+                **template.get("metadata", {}),
+            },
+            "spec": template.get("spec", {}),
+        }
+        try:
+            kubernetes_validate.validate(pod, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.caused_by.path)
+            errors.append(f"spec.pytorchReplicaSpecs.{replica_type}.template.{where}: {exc.message}")
+    return errors
+
+
+def controller_errors(job: Mapping[str, Any]) -> list[str]:
+    """The checks of the training-operator's validating webhook and of our own settings."""
+    errors = []
+    name = job.get("metadata", {}).get("name", "")
+    if not _DNS1035.match(name) or len(name) > 63:
+        errors.append(f"metadata.name: {name!r} is not a DNS-1035 label (lowercase, starts with a letter)")
+    spec = job.get("spec", {})
+    replicas = spec.get("pytorchReplicaSpecs") or {}
+    for replica_type, replica in replicas.items():
+        where = f"spec.pytorchReplicaSpecs.{replica_type}"
+        if replica_type not in ("Master", "Worker"):
+            errors.append(f"{where}: replica type must be Master or Worker")
+        count = replica.get("replicas", 1)
+        if replica_type == "Master" and count != 1:
+            errors.append(f"{where}.replicas: must be 1")
+        if replica_type == "Worker" and count < 1:
+            errors.append(f"{where}.replicas: must be at least 1")
+        if replica.get("restartPolicy", "Never") not in RESTART_POLICIES:
+            errors.append(f"{where}.restartPolicy: must be one of {RESTART_POLICIES}")
+        containers = replica.get("template", {}).get("spec", {}).get("containers") or []
+        named = [c for c in containers if c.get("name") == CONTAINER_NAME]
+        if not named:
+            errors.append(f"{where}: needs a container named {CONTAINER_NAME!r}")
+        elif not named[0].get("image"):
+            errors.append(f"{where}.template.spec.containers.{CONTAINER_NAME}.image: required")
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:
+        if "Worker" not in replicas:
+            errors.append("spec.pytorchReplicaSpecs.Worker: must be configured if elastic policy is used")
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        if low is not None and high is not None and low > high:
+            errors.append("spec.elasticPolicy: minReplicas must not exceed maxReplicas")
+    clean = spec.get("runPolicy", {}).get("cleanPodPolicy")
+    if clean is not None and clean not in CLEAN_POD_POLICIES:
+        errors.append(f"spec.runPolicy.cleanPodPolicy: must be one of {CLEAN_POD_POLICIES}")
+    return errors
+
+
+def validate_pytorch_job(job: Mapping[str, Any], crd_path: Path = CRD_PATH) -> None:
+    """Raise InvalidManifestError listing every problem; silent when the job is valid."""
+    errors = controller_errors(job) + crd_errors(job, crd_path) + core_type_errors(job)
+    if errors:
+        raise InvalidManifestError(
+            f"PyTorchJob {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(errors)
+        )
+
+
+# --- status -----------------------------------------------------------------------------------------
+
+TERMINAL_STATES = ("Succeeded", "Failed")
+
+
+def job_state(job: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(state, message) from the job's conditions: Succeeded/Failed when terminal, else the latest true one."""
+    if job is None:
+        return "Missing", "the PyTorchJob no longer exists"
+    conditions = (job.get("status") or {}).get("conditions") or []
+    true = [c for c in conditions if c.get("status") == "True"]
+    for terminal in TERMINAL_STATES:
+        for condition in true:
+            if condition.get("type") == terminal:
+                return terminal, condition.get("message") or ""
+    if true:
+        return true[-1].get("type", "Unknown"), true[-1].get("message") or ""
+    return "Pending", ""

@@ -1,0 +1,145 @@
+"""Spark stages through the provider's SparkSubmitOperator: `local[...]` by default, a cluster by connection.
+
+The application is the stage's own entrypoint file (``pipeline/<package>/__main__.py``) with the usual
+``--snapshot/--config/--set`` arguments, so what runs under Airflow is exactly what `spark-submit` or
+`pretrain <stage>` runs by hand.
+
+Which master: when the Airflow connection ``pretrain_spark`` exists, its master wins (``spark://host:7077``,
+``yarn``, ``k8s://...``) and our config's ``spark.master`` is ignored, because under spark-submit the
+session takes the master from spark-submit (see ``pipeline.core.spark.launched_by_spark_submit``). Without
+the connection the job runs in local mode with ``spark.master`` from the config, where the provider would
+otherwise fall back to YARN.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.exceptions import AirflowNotFoundException
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from operators.base import PipelineOperator
+from pipeline.cli import COMMANDS
+from pipeline.core.storage import DatasetRef
+
+SPARK_CONN_ID = "pretrain_spark"
+
+
+def stage_application(stage: str) -> str:
+    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`."""
+    if stage not in COMMANDS:
+        raise ValueError(f"unknown stage {stage!r}; `pretrain` knows {sorted(COMMANDS)}")
+    spec = importlib.util.find_spec(COMMANDS[stage][0])
+    if spec is None or spec.origin is None:
+        raise ValueError(f"stage {stage!r}: module {COMMANDS[stage][0]} has no file to submit")
+    return spec.origin
+
+
+class LocalDefaultSparkSubmitHook(SparkSubmitHook):
+    """SparkSubmitHook whose master, when its connection does not exist, is ``default_master``, not YARN."""
+
+    def __init__(self, *, default_master: str, **kwargs: Any) -> None:
+        self._default_master = default_master
+        super().__init__(**kwargs)
+        if self._connection["master"].startswith("local"):
+            # A local driver stays on loopback with its UI off, as pipeline.core.spark sets it outside
+            # spark-submit; explicit conf still wins.
+            self._conf = {
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "false",
+                **self._conf,
+            }
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        resolved = super()._resolve_connection()
+        try:
+            self.get_connection(self._conn_id)
+        except AirflowNotFoundException:
+            resolved["master"] = self._default_master
+        return resolved
+
+
+class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
+    """Submit one Spark stage for one snapshot and return its output path (XCom: a path, never data)."""
+
+    template_fields: Sequence[str] = (*PipelineOperator.template_fields, *SparkSubmitOperator.template_fields)
+
+    def __init__(
+        self,
+        *,
+        stage: str,
+        input_stage: str | None = None,
+        extra_args: Sequence[str] = (),
+        conn_id: str = SPARK_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("task_id", stage)
+        super().__init__(conn_id=conn_id, name=f"pretrain-{stage}", **kwargs)
+        self.stage = stage
+        self.input_stage = input_stage
+        self.extra_args = list(extra_args)
+
+    def execute(self, context) -> str:
+        config = self.resolved_config()
+        python = sys.executable  # the venv's interpreter, with pyarrow and our package, on driver and workers
+        self.application = stage_application(self.stage)
+        self.application_args = [
+            *self.cli_arguments(),
+            *(["--input-stage", self.input_stage] if self.input_stage else []),
+            *self.extra_args,
+        ]
+        self._driver_memory = config.spark.driver_memory  # the driver JVM's heap is fixed at submit time
+        self.conf = {
+            "spark.pyspark.python": python,
+            "spark.pyspark.driver.python": python,
+            "spark.ui.showConsoleProgress": "false",
+            "spark.log.level": "WARN",  # the task log gets our stage's lines, not Spark's start-up chatter
+            **(self.conf or {}),
+        }
+        self.env_vars = {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, **(self.env_vars or {})}
+        self.name = f"pretrain-{self.stage}-{self.snapshot}"
+        super().execute(context)
+        return str(DatasetRef.of(config, self.stage, self.snapshot).require().path)
+
+    def _get_hook(self) -> SparkSubmitHook:
+        return LocalDefaultSparkSubmitHook(
+            default_master=self.resolved_config().spark.master,
+            conf=self.conf,
+            conn_id=self._conn_id,
+            files=self.files,
+            py_files=self.py_files,
+            archives=self._archives,
+            driver_class_path=self.driver_class_path,
+            jars=self.jars,
+            java_class=self._java_class,
+            packages=self.packages,
+            exclude_packages=self.exclude_packages,
+            repositories=self._repositories,
+            total_executor_cores=self._total_executor_cores,
+            executor_cores=self._executor_cores,
+            executor_memory=self._executor_memory,
+            driver_memory=self._driver_memory,
+            keytab=self.keytab,
+            principal=self.principal,
+            proxy_user=self.proxy_user,
+            name=self.name,
+            num_executors=self._num_executors,
+            status_poll_interval=self._status_poll_interval,
+            application_args=self.application_args,
+            env_vars=self.env_vars,
+            verbose=self._verbose,
+            spark_binary=self._spark_binary,
+            properties_file=self.properties_file,
+            yarn_queue=self._yarn_queue,
+            deploy_mode=self._deploy_mode,
+            post_submit_commands=self.post_submit_commands,
+        )
+
+    def on_kill(self) -> None:
+        PipelineOperator.on_kill(self)
+        SparkSubmitOperator.on_kill(self)
