@@ -143,6 +143,12 @@ class PyTorchJobOperator(PipelineOperator):
         self._job = (settings.namespace, name)
         existing = client.get(name)
         state, message = job_state(existing)
+        if existing is not None and existing.get("metadata", {}).get("deletionTimestamp"):
+            self.log.info(
+                "PyTorchJob %s/%s of an earlier try is being deleted; waiting to resubmit", *self._job
+            )
+            client.wait_deleted(name)
+            existing = None
         if existing is not None and state == "Failed":
             self.log.warning(
                 "PyTorchJob %s/%s of an earlier try failed (%s); resubmitting", *self._job, message

@@ -24,6 +24,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from operators.base import PipelineOperator
 from pipeline.cli import COMMANDS
+from pipeline.core.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
 
 SPARK_CONN_ID = "pretrain_spark"
@@ -84,7 +85,8 @@ class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
         self.input_stage = input_stage
         self.extra_args = list(extra_args)
 
-    def execute(self, context) -> str:
+    def prepare_submit(self) -> PipelineConfig:
+        """Fill in what spark-submit runs: the stage's file, its arguments, the interpreter, driver memory."""
         config = self.resolved_config()
         python = sys.executable  # the venv's interpreter, with pyarrow and our package, on driver and workers
         self.application = stage_application(self.stage)
@@ -103,6 +105,10 @@ class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
         }
         self.env_vars = {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, **(self.env_vars or {})}
         self.name = f"pretrain-{self.stage}-{self.snapshot}"
+        return config
+
+    def execute(self, context) -> str:
+        config = self.prepare_submit()
         super().execute(context)
         return str(DatasetRef.of(config, self.stage, self.snapshot).require().path)
 

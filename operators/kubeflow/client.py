@@ -87,13 +87,17 @@ class PyTorchJobClient:
             return ""
         pod = sorted(pods, key=lambda p: p.metadata.name)[0]
         try:
-            text = self.core.read_namespaced_pod_log(
-                pod.metadata.name, self.namespace, container=CONTAINER_NAME, tail_lines=tail_lines
+            # Raw bytes: the client's own str decoding of log bodies is not reliable across versions.
+            response = self.core.read_namespaced_pod_log(
+                pod.metadata.name,
+                self.namespace,
+                container=CONTAINER_NAME,
+                tail_lines=tail_lines,
+                _preload_content=False,
             )
         except ApiException as exc:
             if exc.status in (400, 404):  # the container never started, or the pod went away
                 log.warning("no log for pod %s: %s", pod.metadata.name, exc.reason)
                 return ""
             raise
-        # The client hands text/plain bodies back as bytes in some versions.
-        return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        return response.data.decode("utf-8", "replace")

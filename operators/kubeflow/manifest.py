@@ -324,7 +324,7 @@ def core_type_errors(job: Mapping[str, Any], kubernetes_version: str | None = No
         try:
             kubernetes_validate.validate(pod, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.caused_by.path)
+            where = ".".join(str(p) for p in exc.absolute_path)
             errors.append(f"spec.pytorchReplicaSpecs.{replica_type}.template.{where}: {exc.message}")
     return errors
 

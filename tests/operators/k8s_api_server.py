@@ -72,6 +72,9 @@ class ProtocolServer:
     requests: list[tuple[str, str]] = field(default_factory=list)
     fail_next_gets: int = 0
     """Answer this many following job GETs with 500, as an overloaded API server would."""
+    hide_next_gets: int = 0
+    """Answer this many following job GETs with 404 although the job exists: another client creates it
+    between a reader's GET and its POST."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -115,6 +118,10 @@ class ProtocolServer:
         """Store a job as if an earlier try had created it."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         self.jobs[key] = StoredJob(self._stamped(body), list(script or self.script), step=step)
+
+    def live(self) -> dict[tuple[str, str], StoredJob]:
+        """The jobs not being deleted."""
+        return {key: job for key, job in self.jobs.items() if not job.deleting}
 
     def count(self, method: str, kind: str = "pytorchjobs") -> int:
         return sum(1 for m, path in self.requests if m == method and kind in path)
@@ -205,7 +212,8 @@ class ProtocolServer:
             if self.fail_next_gets > 0:
                 self.fail_next_gets -= 1
                 return 500, status_body(500, "InternalError", "etcdserver: request timed out")
-            if job is None:
+            if job is None or self.hide_next_gets > 0:
+                self.hide_next_gets = max(0, self.hide_next_gets - 1)
                 return 404, missing
             if job.deleting:  # the finalizers have run by the next read
                 del self.jobs[key]
