@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
 from airflow.sdk import BaseOperator
 
 from pipeline.core.config import PipelineConfig, load_config
@@ -53,5 +55,18 @@ class PipelineOperator(BaseOperator):
         self._process = process
 
     def on_kill(self) -> None:
-        if self._process is not None:
-            kill_group(self._process)
+        """Stop the child's process group, then any descendant that left it.
+
+        torchrun starts each worker in a session of its own and stops them itself on SIGTERM; should the
+        agent die first (SIGKILL after the grace period), its workers would outlive the task.
+        """
+        if self._process is None:
+            return
+        try:
+            descendants = psutil.Process(self._process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+        kill_group(self._process)
+        for process in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
