@@ -1,7 +1,8 @@
-"""The walking pipeline: crawl -> clean -> tokenize -> train -> report, one snapshot per run.
+"""The walking pipeline in one DAG: crawl, the corpus stages (operators.corpus), train, report; one snapshot.
 
-Trigger it from the UI (optionally with a snapshot name, a config file and overrides), or run
-`make demo`, which runs it with `airflow dags test` on the bundled sample site.
+The demo: `make demo` runs it with `airflow dags test` on the bundled sample site. It is built from the
+same tasks as the production DAGs (`corpus_ingest`, then `pretrain` on its token shards), so the demo
+and production run the same stages. Trigger it from the UI with a snapshot name, a config file and overrides.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pendulum
 from airflow.sdk import Param, dag
 
 from operators import PipelineStageOperator, PyTorchJobOperator
+from operators.corpus import corpus_stage_tasks
 from operators.defaults import DEFAULT_ARGS
 
 
@@ -20,6 +22,7 @@ from operators.defaults import DEFAULT_ARGS
     catchup=False,
     default_args={**DEFAULT_ARGS, "retries": 1},
     render_template_as_native_obj=True,
+    doc_md=__doc__,
     tags=["pretrain", "demo"],
     params={
         "snapshot": Param("", type="string", description="snapshot name; empty means the logical date"),
@@ -31,11 +34,11 @@ from operators.defaults import DEFAULT_ARGS
 )
 def pretrain_pipeline():
     crawl = PipelineStageOperator(stage="crawl")
-    clean = PipelineStageOperator(stage="clean")
-    tokenize = PipelineStageOperator(stage="tokenize")
-    train = PyTorchJobOperator(launcher="local")
+    stages = corpus_stage_tasks(first_input="crawl")
+    train = PyTorchJobOperator(launcher="local", input_stage=stages[-1].task_id)
     report = PipelineStageOperator(stage="report")
-    crawl >> clean >> tokenize >> train >> report
+    crawl >> stages[0]
+    stages[-1] >> train >> report
 
 
 pretrain_pipeline()

@@ -1,0 +1,91 @@
+"""PipelineSparkSubmitOperator builds the spark-submit command: whose master, which interpreter, which file.
+
+These check the command the provider's hook would run; the Spark stages really run through spark-submit
+in the corpus DAG tests (tests/dags).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from operators.spark import PipelineSparkSubmitOperator, stage_application
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def submit_command(tmp_path, stage="clean", input_stage="crawl", master="local[3]"):
+    op = PipelineSparkSubmitOperator(
+        stage=stage,
+        input_stage=input_stage,
+        snapshot="2026-11-29",
+        config_path="",
+        overrides=[f"project.data_root={tmp_path}", f"spark.master={master}", "spark.driver_memory=3g"],
+    )
+    op.prepare_submit()
+    return op, op._get_hook()._build_spark_submit_command(op.application)
+
+
+def value_after(command, flag):
+    return command[command.index(flag) + 1]
+
+
+def confs(command):
+    return {
+        command[i + 1].split("=", 1)[0]: command[i + 1].split("=", 1)[1]
+        for i, a in enumerate(command)
+        if a == "--conf"
+    }
+
+
+def test_without_a_connection_the_config_master_runs_locally(tmp_path, monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_PRETRAIN_SPARK", raising=False)
+    op, command = submit_command(tmp_path)
+    assert command[0] == "spark-submit"
+    assert value_after(command, "--master") == "local[3]"  # not the provider's fallback, yarn
+    assert value_after(command, "--driver-memory") == "3g"
+    settings = confs(command)
+    assert settings["spark.pyspark.python"] == sys.executable
+    assert settings["spark.pyspark.driver.python"] == sys.executable
+    assert settings["spark.driver.bindAddress"] == "127.0.0.1"
+    assert op.env_vars == {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    application = command.index(str(PROJECT_ROOT / "pipeline" / "clean" / "__main__.py"))
+    assert command[application + 1 :] == [
+        "--snapshot",
+        "2026-11-29",
+        "--set",
+        f"project.data_root={tmp_path}",
+        "--set",
+        "spark.master=local[3]",
+        "--set",
+        "spark.driver_memory=3g",
+        "--input-stage",
+        "crawl",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("connection", "master"),
+    [
+        ("spark://spark-master.example:7077", "spark://spark-master.example:7077"),
+        (json.dumps({"conn_type": "spark", "host": "yarn"}), "yarn"),
+        (
+            json.dumps({"conn_type": "spark", "host": "k8s://https://10.0.0.1:6443"}),
+            "k8s://https://10.0.0.1:6443",
+        ),
+    ],
+)
+def test_the_connection_master_wins_over_the_config(tmp_path, monkeypatch, connection, master):
+    monkeypatch.setenv("AIRFLOW_CONN_PRETRAIN_SPARK", connection)
+    _, command = submit_command(tmp_path, master="local[3]")
+    assert value_after(command, "--master") == master
+    assert "spark.driver.bindAddress" not in confs(command)  # a cluster driver is not pinned to loopback
+    assert confs(command)["spark.pyspark.python"] == sys.executable
+
+
+def test_each_spark_stage_submits_its_own_entrypoint():
+    assert stage_application("clean") == str(PROJECT_ROOT / "pipeline" / "clean" / "__main__.py")
+    assert stage_application("tokenize") == str(PROJECT_ROOT / "pipeline" / "tokenization" / "__main__.py")
+    with pytest.raises(ValueError, match="unknown stage 'dedupe'"):
+        stage_application("dedupe")
