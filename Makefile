@@ -9,11 +9,12 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test lint format check-java venv bench-venv clean-data help es-test
+.PHONY: demo test lint format check-java venv bench-venv clean-data help es-test airflow
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
+	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
@@ -42,6 +43,21 @@ check-java:
 
 demo: $(STAMP) check-java
 	$(BIN)/python -m pipeline.demo
+
+# One command for a local Airflow 3: api-server (UI + REST), scheduler, dag-processor and triggerer, with
+# SQLite and the LocalExecutor in .airflow/. The admin password is printed and kept in
+# .airflow/simple_auth_manager_passwords.json.generated. Stop with Ctrl-C.
+AIRFLOW_PORT ?= 8080
+airflow: $(STAMP) check-java
+	AIRFLOW_HOME=$(CURDIR)/.airflow \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
+	AIRFLOW__API__HOST=127.0.0.1 \
+	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__API__BASE_URL=http://127.0.0.1:$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
+	$(BIN)/airflow standalone
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

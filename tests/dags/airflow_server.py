@@ -1,0 +1,205 @@
+"""A real local Airflow 3 for tests: api-server, scheduler, dag-processor and triggerer on 127.0.0.1.
+
+Each component is the `airflow` command itself, as a deployment (or `airflow standalone`) runs it, with a
+SQLite metadata database and the LocalExecutor in a private AIRFLOW_HOME. Tests drive it through the
+public REST API (`/api/v2`, JWT from `/auth/token`) and the `airflow` CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class LocalAirflow:
+    def __init__(
+        self, home: Path, extra_env: dict[str, str] | None = None, data_root: Path | None = None
+    ) -> None:
+        self.home = home
+        self.data_root = data_root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._token: str | None = None
+        bin_dir = str(Path(sys.executable).parent)
+        inherited = {
+            k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PRETRAIN__", "_AIRFLOW"))
+        }
+        self.env = {
+            **inherited,
+            "PATH": bin_dir + os.pathsep + inherited.get("PATH", ""),
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            # Every component must sign and check the same tokens.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            **(extra_env or {}),
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def airflow(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run an `airflow` CLI command against this instance's database."""
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=600,
+        )
+
+    def start(self, deadline_s: float = 600.0) -> LocalAirflow:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.airflow("db", "migrate")
+        for component in COMPONENTS:
+            log = open(self.home / f"{component}.log", "w")  # noqa: SIM115 - closed with the process
+            self.processes[component] = subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), component],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait(self._healthy, "all four components to report healthy", deadline_s)
+        return self
+
+    def _healthy(self) -> bool:
+        for component, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"airflow {component} exited: {self.log_tail(component)}")
+        try:
+            health = self.request("GET", "/api/v2/monitor/health", auth=False)
+        except (OSError, urllib.error.URLError):
+            return False
+        return all(
+            (health.get(part) or {}).get("status") == "healthy"
+            for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        )
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            if process.stdout:
+                process.stdout.close()
+        self.processes.clear()
+
+    def log_tail(self, component: str, lines: int = 40) -> str:
+        path = self.home / f"{component}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    @staticmethod
+    def wait(condition, what: str, deadline_s: float = 600.0, every_s: float = 1.0):
+        """Poll until condition() returns something truthy; the deadline only stops a hung test."""
+        end = time.monotonic() + deadline_s
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > end:
+                raise TimeoutError(f"gave up waiting for {what}")
+            time.sleep(every_s)
+
+    # --- REST ---------------------------------------------------------------------------------------
+
+    def token(self) -> str:
+        if self._token is None:
+            passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+            answer = self.request(
+                "POST", "/auth/token", {"username": "admin", "password": passwords["admin"]}, auth=False
+            )
+            self._token = answer["access_token"]
+        return self._token
+
+    def request(self, method: str, path: str, body: Any = None, auth: bool = True) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token()}"
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def request_error(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status, body) of a request expected to fail."""
+        try:
+            self.request(method, path, body)
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+        raise AssertionError(f"{method} {path} succeeded")
+
+    def wait_for_dags(self, *dag_ids: str, deadline_s: float = 600.0) -> None:
+        def parsed() -> bool:
+            try:
+                found = {d["dag_id"] for d in self.request("GET", "/api/v2/dags?limit=100")["dags"]}
+            except urllib.error.HTTPError:
+                return False
+            return set(dag_ids) <= found
+
+        self.wait(parsed, f"the dag-processor to parse {dag_ids}", deadline_s)
+
+    def unpause(self, dag_id: str) -> None:
+        self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        run = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+        return run["dag_run_id"]
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}")["state"]
+
+    def wait_for_run(self, dag_id: str, run_id: str, deadline_s: float = 900.0) -> str:
+        def finished() -> str | None:
+            state = self.run_state(dag_id, run_id)
+            return state if state in ("success", "failed") else None
+
+        return self.wait(finished, f"{dag_id} run {run_id} to finish", deadline_s, every_s=2.0)
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+        answer = self.request(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}/taskInstances"
+        )
+        return {ti["task_id"]: ti for ti in answer["task_instances"]}

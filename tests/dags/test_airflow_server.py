@@ -1,0 +1,212 @@
+"""The DAGs under a real Airflow: api-server, scheduler, dag-processor and triggerer on 127.0.0.1 (SQLite).
+
+One Airflow serves the whole module. Runs are started the way users start them: `pretrain` through the REST
+API with form values, and by an event on its Asset; `reprocess_corpus` with `airflow backfill create`. A
+train task is killed by marking it failed through the REST API, as a user does in the UI.
+"""
+
+import json
+import shutil
+import urllib.request
+
+import psutil
+import pytest
+
+from operators.training import CONFIG_FILE
+from pipeline.core.config import load_config
+from pipeline.core.manifest import MANIFEST_NAME, Manifest
+from pipeline.core.storage import DatasetRef
+from pipeline.crawl import stage as crawl_stage
+from tests.conftest import make_config
+from tests.dags.airflow_server import LocalAirflow
+
+pytestmark = pytest.mark.slow
+DATES = ("2026-03-01", "2026-03-02")
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow-server")
+    data_root = home / "data"
+    env = {
+        "PRETRAIN__PROJECT__DATA_ROOT": str(data_root),
+        "PRETRAIN__SPARK__SHUFFLE_PARTITIONS": "4",
+        "PRETRAIN__LOGGING__CONSOLE": "true",
+    }
+    server = LocalAirflow(home, env, data_root=data_root)
+    try:
+        server.start()
+        server.wait_for_dags("pretrain", "reprocess_corpus")
+        yield server
+    except BaseException:
+        for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+            print(f"---- {component} ----\n{server.log_tail(component)}")
+        raise
+    finally:
+        server.stop()
+
+
+def publish_copy(config, snapshot, stage, root, new_snapshot):
+    """Place a stage output from the session's sample corpus under another data root and snapshot."""
+    target = root / config.project.corpus / stage / new_snapshot
+    shutil.copytree(DatasetRef.of(config, stage, snapshot).path, target)
+    manifest = Manifest.read(target / MANIFEST_NAME)
+    manifest.snapshot, manifest.path = new_snapshot, str(target)
+    (target / MANIFEST_NAME).write_text(manifest.to_json())
+
+
+def config_of(airflow):
+    return make_config(airflow.data_root, "spark.shuffle_partitions=4")
+
+
+def run_path(run_id: str) -> str:
+    return urllib.request.quote(run_id)
+
+
+def test_trigger_pretrain_through_the_rest_api_with_a_form(airflow, sample_corpus):
+    corpus_config, snapshot = sample_corpus
+    publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "rest")
+    airflow.unpause("pretrain")
+
+    status, answer = airflow.request_error(
+        "POST", "/api/v2/dags/pretrain/dagRuns", {"logical_date": None, "conf": {"launcher": "slurm"}}
+    )
+    assert status == 400 and "launcher" in answer["detail"]  # the form's schema is enforced by the API
+
+    form = {
+        "snapshot": "rest",
+        "steps": 6,
+        "processes_per_node": 1,
+        "preset": "tiny",
+        "precision": "fp32",
+        "mlflow_experiment": "rest-form",
+        "launcher": "local",
+    }
+    run_id = airflow.trigger("pretrain", form)
+    assert airflow.wait_for_run("pretrain", run_id) == "success", airflow.task_instances("pretrain", run_id)
+
+    # XCom holds a path and ids, never data.
+    xcom = airflow.request(
+        "GET",
+        f"/api/v2/dags/pretrain/dagRuns/{run_path(run_id)}/taskInstances/training_run/xcomEntries/return_value",
+    )
+    resolved = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert set(resolved) == {"snapshot", "config_path", "config_hash"} and resolved["snapshot"] == "rest"
+    assert resolved["config_path"].endswith(CONFIG_FILE)
+    trained_with = load_config(resolved["config_path"], environ={})
+    assert (trained_with.train.steps, trained_with.train.nproc_per_node) == (6, 1)
+    assert trained_with.tracking.experiment == "rest-form" and trained_with.model.preset == "tiny"
+
+    config = config_of(airflow)
+    train = DatasetRef.of(config, "train", "rest").manifest()
+    assert train.config_hash == trained_with.hash == resolved["config_hash"]  # the form reached training
+    assert train.rows["steps"] == 6 and train.extra["world_size"] == 1
+    assert train.lineage == {"dag_id": "pretrain", "run_id": run_id, "task_id": "train", "try_number": 1}
+    report = DatasetRef.of(config, "report", "rest").manifest()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(report.extra["tracking_uri"])
+    mlflow_run = client.get_run(report.extra["mlflow_run_id"])
+    assert client.get_experiment(mlflow_run.info.experiment_id).name == "rest-form"
+    assert mlflow_run.data.tags["airflow.run_id"] == run_id
+
+
+def test_an_event_on_the_token_shards_asset_schedules_pretrain(airflow, sample_corpus):
+    corpus_config, snapshot = sample_corpus
+    publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "asset")
+    airflow.unpause("pretrain")
+    (asset,) = airflow.request("GET", "/api/v2/assets?name_pattern=token_shards")["assets"]
+    extra = {"snapshot": "asset", "overrides": ["train.steps=3", "train.nproc_per_node=1"], "config_path": ""}
+    airflow.request("POST", "/api/v2/assets/events", {"asset_id": asset["id"], "extra": extra})
+
+    def asset_triggered_run():
+        runs = airflow.request("GET", "/api/v2/dags/pretrain/dagRuns?run_type=asset_triggered")["dag_runs"]
+        return runs[0]["dag_run_id"] if runs else None
+
+    run_id = airflow.wait(asset_triggered_run, "the scheduler to start pretrain for the asset event", 600)
+    assert airflow.wait_for_run("pretrain", run_id) == "success", airflow.task_instances("pretrain", run_id)
+    train = DatasetRef.of(config_of(airflow), "train", "asset").manifest()
+    assert train.rows["steps"] == 3 and train.lineage["run_id"] == run_id
+
+
+def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sample_corpus):
+    corpus_config, snapshot = sample_corpus
+    config = config_of(airflow)
+    # Two stored crawls, different in content: the session's crawl, and a shallower fresh one.
+    publish_copy(corpus_config, snapshot, "crawl", airflow.data_root, DATES[0])
+    small = make_config(airflow.data_root, "crawl.max_depth=1", "logging.console=false")
+    crawl_stage.run(small, [], DatasetRef.of(small, "crawl", DATES[1]))
+    airflow.unpause("reprocess_corpus")  # Airflow runs backfills only for unpaused DAGs
+
+    def backfill(*extra):
+        airflow.airflow(
+            "backfill", "create", "--dag-id", "reprocess_corpus", "--from-date", DATES[0], "--to-date", DATES[1],
+            "--max-active-runs", "2", *extra,
+        )  # fmt: skip
+        backfills = airflow.request("GET", "/api/v2/backfills?dag_id=reprocess_corpus")["backfills"]
+        newest = max(backfills, key=lambda b: b["id"])
+        airflow.wait(
+            lambda: airflow.request("GET", f"/api/v2/backfills/{newest['id']}")["completed_at"],
+            "the backfill to complete",
+            900,
+            every_s=2.0,
+        )
+        runs = airflow.request("GET", "/api/v2/dags/reprocess_corpus/dagRuns?run_type=backfill")["dag_runs"]
+        return {run["logical_date"][:10]: run for run in runs}
+
+    runs = backfill()
+    assert sorted(runs) == list(DATES)
+    assert {date: run["state"] for date, run in runs.items()} == dict.fromkeys(DATES, "success")
+    first = {}
+    for date in DATES:
+        for stage in ("clean", "tokenize"):
+            manifest = DatasetRef.of(config, stage, date).manifest()
+            assert manifest.snapshot == date
+            assert manifest.lineage["dag_id"] == "reprocess_corpus"
+            assert manifest.lineage["run_id"] == runs[date]["dag_run_id"]
+            first[date, stage] = manifest
+    assert first[DATES[0], "clean"].digest != first[DATES[1], "clean"].digest
+    assert first[DATES[0], "tokenize"].digest != first[DATES[1], "tokenize"].digest
+
+    rerun = backfill("--reprocess-behavior", "completed")
+    assert {date: run["state"] for date, run in rerun.items()} == dict.fromkeys(DATES, "success")
+    for (date, stage), before in first.items():
+        after = DatasetRef.of(config, stage, date).manifest()
+        assert after.created_at > before.created_at or after.lineage != before.lineage  # really re-run
+        assert after.digest == before.digest and after.files == before.files  # same bytes, nothing duplicated
+        siblings = sorted(p.name for p in (airflow.data_root / config.project.corpus / stage).iterdir())
+        assert siblings == sorted(DATES)  # no staging or retired folders left behind
+
+
+def torchrun_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if marker in cmdline and "pipeline.train" in cmdline:
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+            except psutil.NoSuchProcess:
+                pass
+    return found
+
+
+def test_marking_a_running_train_task_failed_kills_every_torchrun_process(airflow, sample_corpus):
+    corpus_config, snapshot = sample_corpus
+    publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "kill")
+    airflow.unpause("pretrain")
+    run_id = airflow.trigger("pretrain", {"snapshot": "kill", "steps": 1_000_000, "processes_per_node": 2})
+    marker = "train-kill-config.yaml"  # in the torchrun command line of this run's agent and both ranks
+    started = airflow.wait(
+        lambda: len(torchrun_processes(marker)) >= 3 and torchrun_processes(marker), "torchrun"
+    )
+
+    airflow.request(
+        "PATCH",
+        f"/api/v2/dags/pretrain/dagRuns/{run_path(run_id)}/taskInstances/train",
+        {"new_state": "failed"},
+    )
+    airflow.wait(lambda: not torchrun_processes(marker), "the killed task's torchrun processes to exit", 300)
+    assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in started)
+    assert airflow.wait_for_run("pretrain", run_id) == "failed"
+    assert not DatasetRef.of(config_of(airflow), "train", "kill").is_complete()
