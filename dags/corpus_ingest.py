@@ -31,18 +31,25 @@ from pipeline.core.manifest import MANIFEST_NAME, Manifest
     doc_md=__doc__,
     tags=["pretrain", "corpus"],
     params={
-        "snapshot": Param("", type="string", description="snapshot name; empty means the logical date"),
-        "config_path": Param(
-            "", type="string", description="YAML config file; empty means built-in defaults"
+        "snapshot": Param(
+            None, type=["null", "string"], description="snapshot name; empty means the logical date"
         ),
-        "overrides": Param([], type="array", description="config overrides such as crawl.max_pages=500"),
+        "config_path": Param(
+            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
+        ),
+        "overrides": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string"},
+            description="config overrides such as crawl.max_pages=500",
+        ),
     },
 )
 def corpus_ingest():
     @task
     def crawl_shards(params=None) -> list[list[str]]:
         """Extra crawl arguments per shard; the crawl below maps one task over them."""
-        return crawl_shard_arguments(load_config(params["config_path"] or None, params["overrides"]))
+        return crawl_shard_arguments(load_config(params["config_path"] or None, params["overrides"] or []))
 
     crawl = PipelineStageOperator.partial(task_id="crawl", stage="crawl").expand(extra_args=crawl_shards())
     stages = corpus_stage_tasks(first_input="crawl")
@@ -57,7 +64,7 @@ def corpus_ingest():
             snapshot=snapshot,
             digest=manifest.digest,
             config_path=params["config_path"],
-            overrides=params["overrides"],
+            overrides=params["overrides"] or [],
         )
         return path
 

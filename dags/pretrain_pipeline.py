@@ -25,11 +25,18 @@ from operators.defaults import DEFAULT_ARGS
     doc_md=__doc__,
     tags=["pretrain", "demo"],
     params={
-        "snapshot": Param("", type="string", description="snapshot name; empty means the logical date"),
-        "config_path": Param(
-            "", type="string", description="YAML config file; empty means built-in defaults"
+        "snapshot": Param(
+            None, type=["null", "string"], description="snapshot name; empty means the logical date"
         ),
-        "overrides": Param([], type="array", description="config overrides such as train.steps=100"),
+        "config_path": Param(
+            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
+        ),
+        "overrides": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string"},
+            description="config overrides such as train.steps=100",
+        ),
     },
 )
 def pretrain_pipeline():

@@ -33,11 +33,18 @@ from pipeline.core.storage import DatasetRef
     doc_md=__doc__,
     tags=["pretrain", "corpus", "backfill"],
     params={
-        "snapshot": Param("", type="string", description="snapshot name; empty means the logical date"),
-        "config_path": Param(
-            "", type="string", description="YAML config file; empty means built-in defaults"
+        "snapshot": Param(
+            None, type=["null", "string"], description="snapshot name; empty means the logical date"
         ),
-        "overrides": Param([], type="array", description="config overrides such as clean.min_chars=300"),
+        "config_path": Param(
+            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
+        ),
+        "overrides": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string"},
+            description="config overrides such as clean.min_chars=300",
+        ),
     },
 )
 def reprocess_corpus():
@@ -46,7 +53,7 @@ def reprocess_corpus():
         """The stored crawl this run reprocesses; skips scheduled runs, fails when there is no crawl."""
         if dag_run.run_type == "scheduled":
             raise AirflowSkipException("reprocess_corpus acts on backfills and manual runs only")
-        config = load_config(params["config_path"] or None, params["overrides"])
+        config = load_config(params["config_path"] or None, params["overrides"] or [])
         crawl = DatasetRef.of(config, "crawl", snapshot)
         if not crawl.is_complete():
             raise AirflowFailException(

@@ -37,6 +37,16 @@ def test_every_task_retries_with_exponential_backoff_and_has_a_timeout(dagbag):
                 assert task.retries >= 1 and task.retry_exponential_backoff >= 2, where
 
 
+def test_form_fields_left_empty_are_accepted(dagbag):
+    """The UI sends null for an empty field; optional fields must accept it or the form cannot be submitted."""
+    for dag in dagbag.dags.values():
+        for name in list(dag.params):
+            if not dag.params.get_param(name).value:
+                params = copy.deepcopy(dag.params)
+                params[name] = None
+                assert params.validate()[name] is None, f"{dag.dag_id}.{name}"
+
+
 def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_tokens(dagbag):
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
