@@ -1,8 +1,8 @@
-"""Daily corpus refresh: crawl (one mapped task per shard), then clean, dedup, quality report and tokenize.
+"""Daily corpus refresh: crawl (one mapped task per shard, then the merge), clean, quality report, tokenize.
 
 One snapshot per logical date (`ds`), or the `snapshot` given when triggered by hand. The last task emits
 an event on the `token_shards` Asset naming the snapshot, which schedules the `pretrain` DAG on it.
-Which stages run after the crawl is defined once, in `operators.corpus`.
+Which stages run after the crawl is defined once, in `operators.corpus` (dedup slots in there).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from operators import PipelineStageOperator
+from operators import CrawlOperator
 from operators.assets import TOKEN_SHARDS, token_shards_extra
-from operators.corpus import corpus_stage_tasks, crawl_shard_arguments
+from operators.corpus import CORPUS_REPORTS, corpus_stage_tasks, crawl_shard_ids
 from operators.defaults import DEFAULT_ARGS
 from pipeline.core.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
@@ -47,13 +47,14 @@ from pipeline.core.manifest import MANIFEST_NAME, Manifest
 )
 def corpus_ingest():
     @task
-    def crawl_shards(params=None) -> list[list[str]]:
-        """Extra crawl arguments per shard; the crawl below maps one task over them."""
-        return crawl_shard_arguments(load_config(params["config_path"] or None, params["overrides"] or []))
+    def crawl_shards(params=None) -> list[int]:
+        """The crawl's shard ids (crawl.num_shards, split by registered domain): one crawl task each."""
+        return crawl_shard_ids(load_config(params["config_path"] or None, params["overrides"] or []))
 
-    crawl = PipelineStageOperator.partial(task_id="crawl", stage="crawl").expand(extra_args=crawl_shards())
-    stages = corpus_stage_tasks(first_input="crawl")
-    crawl >> stages[0]
+    crawl_shard = CrawlOperator.partial(task_id="crawl_shard").expand(shard=crawl_shards())
+    crawl = CrawlOperator(task_id="crawl", merge=True)
+    stages = corpus_stage_tasks(first_input="crawl", reports=CORPUS_REPORTS)
+    crawl_shard >> crawl >> stages[0]
 
     @task(outlets=[TOKEN_SHARDS])
     def publish_token_shards(path: str, snapshot: str, params=None, outlet_events=None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from operators import PipelineStageOperator, PyTorchJobOperator
+from operators import CrawlOperator, PipelineStageOperator, PyTorchJobOperator
 from operators.corpus import corpus_stage_tasks
 from operators.defaults import DEFAULT_ARGS
 
@@ -40,7 +40,7 @@ from operators.defaults import DEFAULT_ARGS
     },
 )
 def pretrain_pipeline():
-    crawl = PipelineStageOperator(stage="crawl")
+    crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge
     stages = corpus_stage_tasks(first_input="crawl")
     train = PyTorchJobOperator(launcher="local", input_stage=stages[-1].task_id)
     report = PipelineStageOperator(stage="report")

@@ -1,7 +1,7 @@
 """The corpus stages after the crawl, as tasks: the one place that says which stages a corpus goes through.
 
-Both `corpus_ingest` (daily, after a crawl) and `reprocess_corpus` (backfills over stored crawls) build
-their stage tasks here, so a new stage joins both with a one-line change below.
+`corpus_ingest` (daily, after a crawl), `reprocess_corpus` (backfills over stored crawls) and the demo
+`pretrain_pipeline` build their stage tasks here, so a new stage joins all of them with a one-line change.
 """
 
 from __future__ import annotations
@@ -18,22 +18,19 @@ from pipeline.core.config import PipelineConfig
 # When the dedup stage lands: ("clean", "dedup", "tokenize").
 CORPUS_STAGES: tuple[str, ...] = ("clean", "tokenize")
 
-# Reports on the finished documents (the output of the stage before the last), run beside tokenization.
-# When the quality report lands: ("quality",).
-CORPUS_REPORTS: tuple[str, ...] = ()
+# Reports on the finished documents (the output of the stage before the last), run beside tokenization
+# by corpus_ingest. Backfills (reprocess_corpus) re-make the data, not the reports.
+CORPUS_REPORTS: tuple[str, ...] = ("quality",)
 
 # Stages that are Spark applications, submitted with spark-submit; any other runs as `pretrain <stage>`.
-SPARK_STAGES = frozenset({"clean", "dedup", "tokenize"})
+SPARK_STAGES = frozenset({"clean", "dedup", "tokenize", "quality"})
 
 
-def crawl_shard_arguments(config: PipelineConfig) -> list[list[str]]:
-    """Extra `pretrain crawl` arguments for each crawl shard: one mapped crawl task per entry.
+def crawl_shard_ids(config: PipelineConfig) -> list[int]:
+    """One mapped crawl task per id: ``range(crawl.num_shards)``, split by registered domain."""
+    from pipeline.crawl.sharding import shard_ids
 
-    Today's crawl stage is one process over all seeds, so there is one shard with no extra arguments.
-    When sharded crawls land, return one argument list per shard, e.g.
-    ``[["--shard", str(i), "--num-shards", str(n)] for i in range(n)]`` with n from the config.
-    """
-    return [[]]
+    return shard_ids(config)
 
 
 def stage_task(stage: str, input_stage: str, **kwargs) -> BaseOperator:
@@ -45,7 +42,7 @@ def stage_task(stage: str, input_stage: str, **kwargs) -> BaseOperator:
 def corpus_stage_tasks(
     first_input: str = "crawl",
     stages: Sequence[str] = CORPUS_STAGES,
-    reports: Sequence[str] = CORPUS_REPORTS,
+    reports: Sequence[str] = (),
 ) -> list[BaseOperator]:
     """Create the stage tasks in the DAG being defined, chained in order; returns them, last = token shards."""
     tasks: list[BaseOperator] = []

@@ -31,12 +31,15 @@ SPARK_CONN_ID = "pretrain_spark"
 
 
 def stage_application(stage: str) -> str:
-    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`."""
-    if stage not in COMMANDS:
-        raise ValueError(f"unknown stage {stage!r}; `pretrain` knows {sorted(COMMANDS)}")
-    spec = importlib.util.find_spec(COMMANDS[stage][0])
+    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`
+    (``pipeline.<stage>.__main__`` for a stage that has no subcommand yet)."""
+    module = COMMANDS[stage][0] if stage in COMMANDS else f"pipeline.{stage}.__main__"
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        spec = None
     if spec is None or spec.origin is None:
-        raise ValueError(f"stage {stage!r}: module {COMMANDS[stage][0]} has no file to submit")
+        raise ValueError(f"unknown stage {stage!r}: no module {module}; `pretrain` knows {sorted(COMMANDS)}")
     return spec.origin
 
 

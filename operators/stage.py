@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from operators.base import PipelineOperator
+from pipeline.core.config import PipelineConfig
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
 
@@ -24,8 +25,24 @@ class PipelineStageOperator(PipelineOperator):
         self.stage = stage
         self.extra_args = list(extra_args)
 
+    def stage_arguments(self, config: PipelineConfig) -> list[str]:
+        """Arguments of this stage's own, after --snapshot/--config/--set."""
+        return list(self.extra_args)
+
+    def output_ref(self, config: PipelineConfig) -> DatasetRef:
+        """The output this task publishes, whose path it returns."""
+        return DatasetRef.of(config, self.stage, self.snapshot)
+
     def execute(self, context) -> str:
-        command = [sys.executable, "-m", "pipeline.cli", self.stage, *self.cli_arguments(), *self.extra_args]
+        config = self.resolved_config()
+        command = [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            self.stage,
+            *self.cli_arguments(),
+            *self.stage_arguments(config),
+        ]
         self.log.info("running %s", " ".join(command))
         run_streaming(command, logger=self.log, on_start=self.remember_process)
-        return str(DatasetRef.of(self.resolved_config(), self.stage, self.snapshot).require().path)
+        return str(self.output_ref(config).require().path)

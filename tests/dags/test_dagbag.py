@@ -51,18 +51,42 @@ def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_to
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
     from operators.assets import TOKEN_SHARDS
-    from operators.corpus import CORPUS_STAGES
+    from operators.corpus import CORPUS_REPORTS, CORPUS_STAGES
 
     dag = dagbag.dags["corpus_ingest"]
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # @daily: one snapshot a day
-    assert_chain(dag, ["crawl_shards", "crawl", *CORPUS_STAGES, "publish_token_shards"])
-    assert isinstance(dag.get_task("crawl"), MappedOperator)
-    for stage in CORPUS_STAGES:
+    assert_chain(dag, ["crawl_shards", "crawl_shard", "crawl", *CORPUS_STAGES, "publish_token_shards"])
+    shard = dag.get_task("crawl_shard")
+    assert isinstance(shard, MappedOperator) and shard.operator_class.__name__ == "CrawlOperator"
+    assert dag.get_task("crawl").merge
+    for stage in (*CORPUS_STAGES, *CORPUS_REPORTS):
         assert type(dag.get_task(stage)).__name__ == "PipelineSparkSubmitOperator"
     assert dag.get_task("clean").input_stage == "crawl"
     assert dag.get_task("tokenize").input_stage == CORPUS_STAGES[-2]
+    assert CORPUS_REPORTS == ("quality",)
+    assert dag.get_task("quality").upstream_task_ids == {CORPUS_STAGES[-2]}  # beside tokenize, not before
+    assert dag.get_task("quality").input_stage == CORPUS_STAGES[-2]
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
     assert set(dag.params) == {"snapshot", "config_path", "overrides"}
+
+
+def test_crawl_tasks_pass_the_shard_arguments(tmp_path):
+    from operators.crawl import CrawlOperator
+    from tests.conftest import make_config
+
+    config = make_config(tmp_path, "crawl.num_shards=3")
+    shard = CrawlOperator(task_id="s", shard=2, snapshot="2026-03-01")
+    assert shard.stage_arguments(config) == ["--shard", "2", "--num-shards", "3"]
+    assert (
+        shard.output_ref(config).path
+        == tmp_path / "sample" / "crawl-shards" / "2026-03-01.shard-00002-of-00003"
+    )
+    merge = CrawlOperator(task_id="m", merge=True, snapshot="2026-03-01")
+    assert merge.stage_arguments(config) == ["--merge", "--num-shards", "3"]
+    assert merge.output_ref(config).path == tmp_path / "sample" / "crawl" / "2026-03-01"
+    assert CrawlOperator(task_id="w", snapshot="s").stage_arguments(config) == []
+    with pytest.raises(ValueError, match="not both"):
+        CrawlOperator(task_id="x", shard=0, merge=True)
 
 
 def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
@@ -111,6 +135,7 @@ def test_reprocess_corpus_reads_stored_crawls_for_backfills(dagbag):
     from operators.corpus import CORPUS_STAGES
 
     dag = dagbag.dags["reprocess_corpus"]
+    assert "quality" not in dag.task_ids  # backfills re-make the data, not the reports
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # backfills need a schedule
     assert dag.start_date <= pendulum.datetime(2021, 1, 1, tz="UTC")  # years of snapshots can be backfilled
     assert "crawl" not in dag.task_ids
@@ -123,13 +148,14 @@ def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
 
     dag = dagbag.dags["pretrain_pipeline"]
     order = ["crawl", *CORPUS_STAGES, "train", "report"]
+    assert type(dag.get_task("crawl")).__name__ == "CrawlOperator" and not dag.get_task("crawl").merge
     assert sorted(dag.task_ids) == sorted(order)
     assert_chain(dag, order)
     assert set(dag.params) >= {"snapshot", "config_path", "overrides"}
 
 
 def test_new_stages_slot_in_with_one_tuple_each():
-    """What the coordinator's one-line changes produce: dedup between clean and tokenize, quality beside."""
+    """What adding dedup to CORPUS_STAGES produces: dedup between clean and tokenize, the report reads it."""
     from airflow.sdk import DAG
 
     from operators.corpus import corpus_stage_tasks
@@ -143,6 +169,5 @@ def test_new_stages_slot_in_with_one_tuple_each():
         "dedup",
     ]
     quality = dag.get_task("quality")
-    assert quality.upstream_task_ids == {"dedup"} and quality.extra_args == ["--input-stage", "dedup"]
+    assert quality.upstream_task_ids == {"dedup"} and quality.input_stage == "dedup"
     assert dag.get_task("tokenize").downstream_task_ids == set()
-    assert type(quality).__name__ == "PipelineStageOperator"  # not a Spark stage: runs as `pretrain quality`
