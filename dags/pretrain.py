@@ -82,7 +82,7 @@ from pipeline.model import PRESETS
             None,
             type=["null", "string"],
             title="MLflow experiment",
-            description="Experiment to record the run in; empty means pretrain-<corpus>.",
+            description="Experiment to record the run in; empty keeps tracking.experiment (pretrain-<corpus>-<preset>).",
             section="Tracking",
         ),
         "snapshot": Param(
