@@ -45,7 +45,7 @@ demo: $(STAMP) check-java
 	$(BIN)/python -m pipeline.demo
 
 # One command for a local Airflow 3: api-server (UI + REST), scheduler, dag-processor and triggerer, with
-# SQLite and the LocalExecutor in .airflow/. The admin password is printed and kept in
+# SQLite (writers wait up to 120 s for its lock) and the LocalExecutor in .airflow/. The admin password is printed and kept in
 # .airflow/simple_auth_manager_passwords.json.generated. Stop with Ctrl-C.
 AIRFLOW_PORT ?= 8080
 airflow: $(STAMP) check-java
@@ -53,6 +53,7 @@ airflow: $(STAMP) check-java
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
+	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$(CURDIR)/.airflow/airflow.db?timeout=120" \
 	AIRFLOW__API__HOST=127.0.0.1 \
 	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
 	AIRFLOW__API__BASE_URL=http://127.0.0.1:$(AIRFLOW_PORT) \

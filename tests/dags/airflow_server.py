@@ -54,7 +54,9 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            # SQLite allows one writer at a time; wait for the lock (the CLI, scheduler and API server all write)
+            # instead of failing at once with "database is locked".
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=120",
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
@@ -75,14 +77,16 @@ class LocalAirflow:
 
     def airflow(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run an `airflow` CLI command against this instance's database."""
-        return subprocess.run(
+        done = subprocess.run(
             [str(Path(sys.executable).parent / "airflow"), *args],
             env=self.env,
             capture_output=True,
             text=True,
-            check=check,
             timeout=600,
         )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        return done
 
     def start(self, deadline_s: float = 600.0) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
