@@ -12,7 +12,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 .PHONY: demo test lint format check-java venv bench-venv clean-data help es-test airflow
 
 help:
-	@echo "make demo   run the whole pipeline (crawl -> clean -> tokenize -> train -> report) through Airflow"
+	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
 	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
 	@echo "make format apply ruff formatting"

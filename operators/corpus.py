@@ -15,8 +15,7 @@ from operators.stage import PipelineStageOperator
 from pipeline.core.config import PipelineConfig
 
 # Each stage reads the output of the one before it (`--input-stage`); the last one writes the token shards.
-# When the dedup stage lands: ("clean", "dedup", "tokenize").
-CORPUS_STAGES: tuple[str, ...] = ("clean", "tokenize")
+CORPUS_STAGES: tuple[str, ...] = ("clean", "dedup", "tokenize")
 
 # Reports on the finished documents (the output of the stage before the last), run beside tokenization
 # by corpus_ingest. Backfills (reprocess_corpus) re-make the data, not the reports.

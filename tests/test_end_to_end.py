@@ -1,7 +1,7 @@
 """The whole pipeline through the production DAGs, with Airflow's own dag.test() on the bundled tiny site.
 
-`corpus_ingest` crawls (one mapped task per crawl shard, then the merge), cleans, reports on quality and
-tokenizes (Spark stages through spark-submit), and announces the token
+`corpus_ingest` crawls (one mapped task per crawl shard, then the merge), cleans, deduplicates, reports on
+quality and tokenizes (Spark stages through spark-submit), and announces the token
 shards on the `token_shards` Asset; `pretrain` then trains on that snapshot with the typed form's values
 (torchrun, 2 processes) and records the run in MLflow.
 """
@@ -32,15 +32,17 @@ def test_corpus_ingest_then_pretrain_end_to_end(airflow_db, tmp_path):
     )
     assert ingest.state == "success"
     config = make_config(data_root, *overrides[1:])
-    crawl, clean, tokenize = (
-        DatasetRef.of(config, stage, "e2e").manifest() for stage in ("crawl", "clean", "tokenize")
+    crawl, clean, dedup, tokenize = (
+        DatasetRef.of(config, stage, "e2e").manifest() for stage in ("crawl", "clean", "dedup", "tokenize")
     )
     assert crawl.counters["fetched"] >= 15
     assert clean.rows["documents"] >= 10
+    assert 0 < dedup.rows["documents"] <= clean.rows["documents"]
+    assert [i["stage"] for i in tokenize.inputs] == ["dedup"]  # tokenize reads the deduplicated documents
     assert tokenize.counters["tokens"]["train"] > 1000
     assert crawl.extra["shards"] and crawl.inputs[0]["stage"] == "crawl-shards"  # mapped shards, then merge
     quality = DatasetRef.of(config, "quality", "e2e").manifest()
-    assert quality.inputs[0]["digest"] == clean.digest
+    assert quality.inputs[0]["digest"] == dedup.digest
     # Lineage reaches manifests written under spark-submit too.
     assert clean.lineage == {
         "dag_id": "corpus_ingest",

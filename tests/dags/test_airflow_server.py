@@ -12,6 +12,7 @@ import urllib.request
 import psutil
 import pytest
 
+from operators.corpus import CORPUS_STAGES
 from operators.training import CONFIG_FILE
 from pipeline.core.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
@@ -159,13 +160,14 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
     assert {date: run["state"] for date, run in runs.items()} == dict.fromkeys(DATES, "success")
     first = {}
     for date in DATES:
-        for stage in ("clean", "tokenize"):
+        for stage in CORPUS_STAGES:
             manifest = DatasetRef.of(config, stage, date).manifest()
             assert manifest.snapshot == date
             assert manifest.lineage["dag_id"] == "reprocess_corpus"
             assert manifest.lineage["run_id"] == runs[date]["dag_run_id"]
             first[date, stage] = manifest
     assert first[DATES[0], "clean"].digest != first[DATES[1], "clean"].digest
+    assert first[DATES[0], "dedup"].lineage["task_id"] == "dedup"
     assert first[DATES[0], "tokenize"].digest != first[DATES[1], "tokenize"].digest
 
     rerun = backfill("--reprocess-behavior", "completed")
