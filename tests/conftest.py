@@ -75,3 +75,11 @@ def airflow_db() -> Path:
         [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True, capture_output=True
     )
     return _AIRFLOW_HOME
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    # Hypothesis' suggested-@example patch runs libcst, which crashes pytest itself (INTERNALERROR
+    # "__provides__") once Scrapy's zope.interface is loaded; the failing example is in the report anyway.
+    item.__dict__.pop("_hypothesis_failing_examples", None)
+    yield

@@ -20,7 +20,8 @@ def _duplicates(elements):
     return count, chars
 
 
-def gopher_repetition(text: str, words: list[str]) -> dict:
+def gopher_repetition(text: str, words: list[str], ngram_separator: str = "") -> dict:
+    # datatrove joins duplicated n-grams with "" (so "... ." equals ". ..."); "\x00" compares word sequences.
     out = {}
     paragraphs = re.split(r"\n{2,}", text.strip())
     count, chars = _duplicates(paragraphs)
@@ -38,9 +39,9 @@ def gopher_repetition(text: str, words: list[str]) -> dict:
     for n in range(5, 11):
         seen, repeated, index = set(), 0, 0
         while index < len(words) - n + 1:
-            gram = "".join(words[index : index + n])
+            gram = ngram_separator.join(words[index : index + n])
             if gram in seen:
-                repeated += len(gram)
+                repeated += len(gram) - len(ngram_separator) * (n - 1)
                 index += n
             else:
                 seen.add(gram)
