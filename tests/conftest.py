@@ -26,6 +26,14 @@ os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.
 for key in [key for key in os.environ if key.startswith(("PRETRAIN__", "AIRFLOW_CTX_"))]:
     del os.environ[key]
 
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+# CI draws the same examples every run, so a red build is reproducible; HYPOTHESIS_PROFILE=explore
+# draws fresh ones locally to hunt for new counterexamples.
+hypothesis_settings.register_profile("ci", derandomize=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 from pipeline.core.config import PipelineConfig, load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef  # noqa: E402
 
