@@ -29,7 +29,8 @@ def greedy_generate(
     window = model.config.max_position_embeddings
     prompt = list(prompt_ids)[-(window - 1) :]
     budget = min(max_new_tokens, window - len(prompt))
-    new = model.generate(torch.tensor([prompt], dtype=torch.long), budget, temperature=0)[
+    device = model.lm_head.weight.device  # the trainer calls this with a model still on its GPU
+    new = model.generate(torch.tensor([prompt], dtype=torch.long, device=device), budget, temperature=0)[
         0, len(prompt) :
     ].tolist()
     return new[: new.index(stop_id)] if stop_id in new else new

@@ -1,19 +1,37 @@
 """`python -m pipeline.train` / `pretrain train`: train the model on a snapshot's token shards.
 
-Under torchrun this is the per-rank entrypoint. Run directly, it launches torchrun itself with
-train.nproc_per_node processes, so `pretrain train --snapshot demo` is all a user types.
+Run directly, it launches torchrun with train.nproc_per_node processes per node (train.nnodes nodes,
+train.max_restarts restarts after a failure), so `pretrain train --snapshot demo` is all a user types.
+Under torchrun (RANK in the environment), or with distributed.rank set, it is the per-rank trainer.
+
+Exit status 143: stopped by SIGTERM after writing a checkpoint; the same command resumes the run.
+Details: docs/training.md.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from pipeline.core.cli import resolve, run_cli, stage_main, stage_parser
 from pipeline.core.logs import setup_logging
 
+log = logging.getLogger("pipeline.train")
+
+
+def _parser():
+    parser = stage_parser("pretrain train", __doc__)
+    parser.add_argument(
+        "--input-stage", default="tokenize", help="stage whose token shards to train on (default: tokenize)"
+    )
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    if "LOCAL_RANK" not in os.environ:
+    args = _parser().parse_args(argv)
+    config, snapshot = resolve(args)
+    is_worker = "RANK" in os.environ or "LOCAL_RANK" in os.environ or config.distributed.rank is not None
+    if not is_worker:
         from pipeline.train.launch import run
 
         return stage_main(
@@ -24,14 +42,15 @@ def main(argv: list[str] | None = None) -> int:
             input_stages=("tokenize",),
             component="train-launcher",
         )
-    parser = stage_parser("pretrain train", __doc__)
-    parser.add_argument("--input-stage", default="tokenize")
-    args = parser.parse_args(argv)
-    config, snapshot = resolve(args)
-    setup_logging(config, "train", rank=int(os.environ.get("RANK", 0)))
-    from pipeline.train.trainer import train
+    rank = int(os.environ.get("RANK", config.distributed.rank or 0))
+    setup_logging(config, "train", rank=rank)
+    from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 
-    train(config, snapshot, args.input_stage)
+    try:
+        Trainer(config, snapshot, args.input_stage).run()
+    except TrainingStopped as stopped:
+        log.warning("%s", stopped)
+        return EXIT_STOPPED
     return 0
 
 

@@ -1,4 +1,9 @@
-"""Launch the training entrypoint under torchrun and wait for it, from the CLI or an Airflow task."""
+"""Launch the training entrypoint under torchrun and wait for it, from the CLI or an Airflow task.
+
+One node: ``torchrun --standalone --nproc-per-node=N --max-restarts=R -m pipeline.train ...``.
+Several nodes: every node runs the same command with ``--nnodes=[min:]max --rdzv-backend=c10d
+--rdzv-endpoint=<host:port> --rdzv-id=<id>``; the agents meet at the endpoint (node 0's address).
+"""
 
 from __future__ import annotations
 
@@ -10,19 +15,32 @@ from pathlib import Path
 from pipeline.core.config import ENV_PREFIX, PipelineConfig
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
-from pipeline.core.proc import run_streaming
-from pipeline.core.storage import DatasetRef
+from pipeline.core.proc import ChildFailedError, run_streaming
+from pipeline.core.storage import DatasetRef, StageOutput
 
 log = logging.getLogger(__name__)
+DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
 
 
 def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, input_stage: str) -> list[str]:
-    train = config.train
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={train.nproc_per_node}"]
-    if train.nnodes == 1:
+    train, settings = config.train, config.distributed
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={train.nproc_per_node}",
+        f"--max-restarts={train.max_restarts}",
+    ]
+    if train.nnodes == 1 and train.min_nnodes is None and settings.rdzv_endpoint is None:
         command.append("--standalone")
     else:
-        command += [f"--nnodes={train.nnodes}", "--rdzv_backend=c10d"]
+        nodes = f"{train.min_nnodes}:{train.nnodes}" if train.min_nnodes is not None else str(train.nnodes)
+        command += [
+            f"--nnodes={nodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={settings.rdzv_endpoint or DEFAULT_RDZV_ENDPOINT}",
+            f"--rdzv-id={settings.rdzv_id or f'{config.project.corpus}-{snapshot}'}",
+        ]
     return [
         *command,
         "-m",
@@ -58,7 +76,21 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     command = prepare_torchrun(config, tokens, output.snapshot)
     log.info("launching: %s", " ".join(command))
     # Ranks format their own console lines; pass them through untouched.
-    run_streaming(
-        command, env=child_environment(), on_line=lambda line: print(line, file=sys.stderr, flush=True)
-    )
+    try:
+        run_streaming(
+            command, env=child_environment(), on_line=lambda line: print(line, file=sys.stderr, flush=True)
+        )
+    except ChildFailedError:
+        from pipeline.train.components.checkpoint import Checkpointer
+
+        staging = StageOutput(output, config, inputs, resumable=True).path
+        steps = Checkpointer(staging / "checkpoints").steps()
+        if steps:
+            log.error(
+                "training did not finish; its newest checkpoint is step %d in %s: run the same command again "
+                "to resume from there",
+                steps[-1],
+                staging / "checkpoints",
+            )
+        raise
     return output.manifest()

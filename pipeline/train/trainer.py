@@ -1,38 +1,89 @@
-"""The per-rank training loop, started by torchrun. Composes model, data, optimizer and checkpointer."""
+"""The per-rank trainer (started by torchrun): composes the components and runs the loop.
+
+One step: ``grad_accum`` micro-batches forward/backward (DDP reduces gradients on the last one only), then
+unscale, clip and step unless a gradient is not finite, advance the LR schedule. Every step the ranks agree
+on whether any of them got SIGTERM (one tiny CPU all-reduce); on log steps the loss is all-reduced and the
+figures go to the metrics sinks. Checkpoints every ``checkpoint_every`` steps, on SIGTERM and at the end.
+
+A resumed run restores model, optimizer, loss scaler, LR schedule, step, data loader position, per-rank RNG
+states and the compression hook's carried errors, so with the same number of ranks it continues exactly as
+an uninterrupted run would (bit for bit on CPU). With another number of ranks (an elastic restart with fewer
+workers) the data loader reshards its position and the RNG states are re-seeded.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
-import math
+import os
+import shutil
+import signal
 import sys
-import time
+import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from pipeline.core.config import PipelineConfig, TrainConfig
+from pipeline.core.config import PipelineConfig
+from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.loader import PackedSequences, build_train_loader
+from pipeline.data.loader import Batch, build_train_loader
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.gpt import GPT
-from pipeline.train.checkpoint import Checkpointer
+from pipeline.train.components.amp import MixedPrecision
+from pipeline.train.components.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from pipeline.train.components.evaluation import Validator, perplexity
+from pipeline.train.components.lr_schedule import build_lr_scheduler
+from pipeline.train.components.metrics import (
+    Throughput,
+    memory_metrics,
+    peak_flops_per_device,
+    router_metrics,
+)
+from pipeline.train.components.optimizer import build_optimizer, optimizer_state_dict
+from pipeline.train.compression import build_compression, move_state_to
+from pipeline.train.faults import fault_for, maybe_inject
+from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
 
 log = logging.getLogger(__name__)
 STAGE = "train"
 METRICS_FILE = "metrics.jsonl"
+EXIT_STOPPED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM after its checkpoint
+
+# Settings a checkpoint must share with the run resuming it: the model, the data order and the optimisation
+# trajectory. Everything else (ranks, batch split, logging, compression, ZeRO) may change between attempts.
+RESUME_SETTINGS = (
+    "model.",
+    "data.",
+    "project.seed",
+    "train.seq_len",
+    "train.steps",
+    "train.lr",
+    "train.min_lr_ratio",
+    "train.warmup_steps",
+    "train.weight_decay",
+    "train.betas",
+    "train.precision",
+)
 
 
-def resolve_backend(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    return "nccl" if torch.cuda.is_available() else "gloo"
+class TrainingStopped(Exception):
+    """SIGTERM arrived; the run saved a checkpoint at ``step`` and stopped. Run it again to continue."""
+
+    def __init__(self, step: int, checkpoint: Path) -> None:
+        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint {checkpoint}; rerun to resume")
+        self.step = step
+        self.checkpoint = checkpoint
 
 
 def build_model_config(config: PipelineConfig, vocab_size: int) -> GPTConfig:
@@ -43,182 +94,472 @@ def build_model_config(config: PipelineConfig, vocab_size: int) -> GPTConfig:
     )
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on matrices only; norms and biases are left alone."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": train.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+def resume_identity(config: PipelineConfig) -> dict[str, Any]:
+    flat = config.flat()
+    return {
+        key: value
+        for key, value in sorted(flat.items())
+        if any(
+            key == setting or (setting.endswith(".") and key.startswith(setting))
+            for setting in RESUME_SETTINGS
+        )
+    }
+
+
+def identity_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}"
+        for key in keys
+        if saved.get(key) != current.get(key)
     ]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95))
 
 
-def warmup_cosine(train: TrainConfig):
-    def factor(step: int) -> float:
-        if step < train.warmup_steps:
-            return (step + 1) / train.warmup_steps
-        progress = min(1.0, (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps))
-        cosine = 0.5 * (1 + math.cos(math.pi * progress))
-        return train.min_lr_ratio + (1 - train.min_lr_ratio) * cosine
+class StopSignal:
+    """SIGTERM asks for a checkpoint and a clean exit at the end of the current step."""
 
-    return factor
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+        self._installed = False
 
+    def _handle(self, signum, frame) -> None:
+        self.received = True
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, folder: Path, train: TrainConfig, max_batches: int = 8) -> float | None:
-    """Mean loss over the validation split, or None when it is too small for one sequence."""
-    try:
-        dataset = PackedSequences(folder, train.seq_len)
-    except (FileNotFoundError, ValueError):
-        return None
-    model.eval()
-    losses = []
-    for start in range(0, min(len(dataset), max_batches * train.batch_size), train.batch_size):
-        stop = min(start + train.batch_size, len(dataset))
-        rows = torch.from_numpy(np.stack([dataset[i] for i in range(start, stop)]))
-        losses.append(model(rows[:, :-1], rows[:, 1:]).lm_loss.item())  # without the MoE router losses
-    model.train()
-    return sum(losses) / len(losses) if losses else None
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
-def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> None:
-    train_cfg = config.train
-    dist.init_process_group(
-        resolve_backend(config.distributed.backend), init_method=config.distributed.init_method
-    )
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    is_main = rank == 0
+class Trainer:
+    """Builds everything for one rank in ``__init__`` (resuming when a checkpoint exists); ``run()`` trains."""
 
-    tokens_ref = DatasetRef.of(config, input_stage, snapshot).require()
-    tokens_manifest = tokens_ref.manifest()
-    model_cfg = build_model_config(config, tokens_manifest.extra["vocab_size"])
-    torch.manual_seed(config.project.seed)
-    model = GPT(model_cfg)
-    ddp_model = DistributedDataParallel(model)
-    optimizer = build_optimizer(model, train_cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(train_cfg))
-    loader = build_train_loader(
-        tokens_ref.path / "train",
-        config,
-        rank=rank,
-        world_size=world_size,
-        pad_id=tokens_manifest.extra.get("pad_id"),
-    )
+    def __init__(self, config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> None:
+        self.config = config
+        self.train_config = config.train
+        self.snapshot = snapshot
+        self.ctx: DistributedContext = init_distributed(config)
+        try:
+            self._build(input_stage)
+        except BaseException:
+            self.ctx.close()
+            raise
 
-    output = StageOutput(DatasetRef.of(config, STAGE, snapshot), config, [tokens_ref], resumable=True)
-    if is_main:
-        output.__enter__()
-    dist.barrier()
-    checkpointer = Checkpointer(output.path / "checkpoints")
-    metrics_path = output.path / METRICS_FILE
+    # --- set-up ---------------------------------------------------------------------------------------
 
-    start_step = 0
-    restored = checkpointer.load_latest()
-    if restored is not None and restored[1].get("config_hash") == config.hash:
-        start_step, state = restored
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["loader"])
-        log.info("resumed from step %d", start_step)
-    elif restored is not None:
-        log.warning("ignoring checkpoints written with a different config; starting from step 0")
-    if is_main:
-        _truncate_metrics(metrics_path, after_step=start_step)
-    log.info(
-        "training %s (%.2fM params) on %d rank(s) for %d steps",
-        config.model.preset,
-        model.num_parameters() / 1e6,
-        world_size,
-        train_cfg.steps,
-    )
+    def _build(self, input_stage: str) -> None:
+        config, train, ctx = self.config, self.train_config, self.ctx
+        self.device = ctx.device
+        self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
+        tokens_manifest = self.tokens_ref.manifest()
+        self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
+        seed_everything(config.project.seed)  # the same initial weights on every rank
+        self.model = GPT(self.model_config).to(self.device)
 
-    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len * train_cfg.grad_accum * world_size
-    progress = tqdm(
-        total=train_cfg.steps,
-        initial=start_step,
-        disable=not (is_main and sys.stderr.isatty()),
-        desc="train",
-        unit="step",
-    )
-    loss_avg = torch.zeros(())
-    for step in range(start_step + 1, train_cfg.steps + 1):
-        started = time.perf_counter()
-        loss_avg.zero_()
-        for micro in range(train_cfg.grad_accum):
-            batch = next(loader)
-            sync = micro == train_cfg.grad_accum - 1
-            # Skip the gradient all-reduce on all but the last micro-batch.
-            with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                _, loss = ddp_model(batch.inputs, batch.targets)
-                (loss / train_cfg.grad_accum).backward()
-            loss_avg += loss.detach() / train_cfg.grad_accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf"))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(loss_avg, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        loss_avg /= world_size
-        elapsed = time.perf_counter() - started
-        progress.update(1)
-        if is_main and step % train_cfg.log_every == 0:
-            record = {
-                "step": step,
-                "loss": round(loss_avg.item(), 6),
-                "lr": scheduler.get_last_lr()[0],
-                "grad_norm": round(float(grad_norm), 6),
-                "tokens_per_s": round(tokens_per_step / elapsed, 1),
-                "step_time_s": round(elapsed, 4),
-            }
-            with open(metrics_path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            progress.set_postfix(loss=f"{record['loss']:.3f}")
-        if is_main and (step % train_cfg.checkpoint_every == 0 or step == train_cfg.steps):
-            checkpointer.save(
-                step,
-                {
-                    "step": step,
-                    "config_hash": config.hash,
-                    "model_config": asdict(model_cfg),
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "loader": loader.state_dict(),
-                },
+        self.output = StageOutput(
+            DatasetRef.of(config, STAGE, self.snapshot), config, [self.tokens_ref], resumable=True
+        )
+        self.checkpointer = Checkpointer(self.output.path / "checkpoints", keep_last=train.keep_checkpoints)
+        if ctx.is_main:
+            if not train.resume and self.output.path.exists():
+                log.warning("train.resume=false: discarding the unfinished run in %s", self.output.path)
+                shutil.rmtree(self.output.path)
+            self.output.__enter__()
+            self.checkpointer.remove_partial_saves()
+        ctx.barrier()
+        restored = self._load_checkpoint()
+        if restored is not None:
+            self.model.load_state_dict(restored["model"])
+
+        self.precision = MixedPrecision(train.precision, self.device)
+        self.parallel_model = data_parallel(self.model, ctx, train)
+        self.loader = build_train_loader(
+            self.tokens_ref.path / "train",
+            config,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            pad_id=tokens_manifest.extra.get("pad_id"),
+        )
+        settle_buckets(self.parallel_model, self._placeholder_batch, self.precision.autocast)
+        self.compression = None
+        if self.parallel_model is not self.model:
+            self.compression = build_compression(
+                train.grad_compression,
+                ctx.world_size,
+                powersgd_rank=train.powersgd_rank,
+                powersgd_start_step=train.powersgd_start_step,
+                seed=config.project.seed,
             )
-    progress.close()
+            if self.compression is not None:
+                self.compression.register(self.parallel_model)
+        elif train.grad_compression != "none":
+            log.info("one process: no gradient all-reduce, so train.grad_compression has nothing to do")
+        self.optimizer = build_optimizer(self.model, train, self.device)
+        self.scheduler = build_lr_scheduler(self.optimizer, train)
+        self.forward_model = torch.compile(self.parallel_model) if train.compile else self.parallel_model
 
-    val_loss = evaluate(model, tokens_ref.path / "validation", train_cfg)
-    dist.barrier()
-    if is_main:
-        history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-        final_checkpoint = checkpointer.path_for(train_cfg.steps).relative_to(output.path).as_posix()
-        manifest = output.commit(
-            rows={"steps": train_cfg.steps},
-            counters={"tokens_seen": tokens_per_step * train_cfg.steps},
-            extra={
-                "final_loss": history[-1]["loss"] if history else None,
-                "first_loss": history[0]["loss"] if history else None,
-                "val_loss": val_loss,
-                "checkpoint": final_checkpoint,
-                "world_size": world_size,
-                "parameters": model.num_parameters(),
-                "model_config": asdict(model_cfg),
-            },
+        self.step = 0
+        self.tokens_seen = 0
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if restored is not None:
+            self._restore(restored)
+        else:
+            seed_everything(config.project.seed + 1_000_003 * (ctx.rank + 1))  # dropout differs per rank
+
+        self.validator = Validator(
+            self.tokens_ref.path / "validation",
+            seq_len=train.seq_len,
+            batch_size=train.batch_size,
+            sequences=train.eval_sequences,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=self.device,
+            document_masking=train.document_masking,
+        )
+        if ctx.is_main:
+            _truncate_metrics(self.output.path / METRICS_FILE, after_step=self.step)
+        from pipeline.tracking.metrics import TensorBoardMetrics, build_metrics_logger
+
+        self.metrics = build_metrics_logger(
+            config,
+            rank=ctx.rank,
+            local_rank=ctx.local_rank,
+            output_dir=self.output.path,
+            snapshot=self.snapshot,
+            inputs=[self.tokens_ref],
+        )
+        self.tensorboard = next(
+            (s.writer for s in self.metrics.sinks if isinstance(s, TensorBoardMetrics)), None
+        )
+        peak = peak_flops_per_device(train, self.device)
+        self.throughput = Throughput(
+            self.model.flops_per_token(train.seq_len), peak * ctx.world_size if peak else None
+        )
+        self.fault = fault_for(ctx.rank)
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._step_tokens = 0
+        self._grad_norm = torch.zeros((), device=self.device)
+
+    def _placeholder_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (self.train_config.batch_size, self.train_config.seq_len)
+        zeros = torch.zeros(shape, dtype=torch.long, device=self.device)
+        return zeros, zeros
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it."""
+        ctx = self.ctx
+        decision: dict[str, Any] = {}
+        state = None
+        if ctx.is_main:
+            try:
+                restored = self.checkpointer.load_latest()
+            except CheckpointError as exc:
+                decision = {"error": str(exc)}
+            else:
+                if restored is not None:
+                    step, state = restored
+                    differences = identity_differences(
+                        state.get("resume_identity", {}), resume_identity(self.config)
+                    )
+                    if differences:
+                        decision = {
+                            "error": f"the unfinished run in {self.output.path} (checkpoint of step {step}) was "
+                            "trained with other settings:\n  "
+                            + "\n  ".join(differences)
+                            + "\nresume with the "
+                            "same settings, use another --snapshot, or set train.resume=false to discard it"
+                        }
+                    else:
+                        decision = {"step": step}
+        decision = ctx.broadcast_object(decision)
+        if "error" in decision:
+            raise CheckpointError(decision["error"])
+        if "step" not in decision:
+            return None
+        if state is None:
+            state = self.checkpointer.load(decision["step"])
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        ctx = self.ctx
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["precision"])
+        self.loader.load_state_dict(state["loader"])
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["counters"]["tokens_seen"])
+        saved_world = int(state["world_size"])
+        if saved_world == ctx.world_size:
+            mine = state["rank_states"][ctx.rank]
+            if self.compression is not None and mine.get("compression_kind") == self.compression.name:
+                self.compression.load_state_dict(mine["compression"])
+                move_state_to(self.compression, self.device)
+            set_rng_state(mine["rng"], self.device)
+        else:
+            log.warning(
+                "resuming a %d-rank checkpoint on %d ranks: RNG states re-seeded, compression errors reset",
+                saved_world,
+                ctx.world_size,
+            )
+            seed_everything(self.config.project.seed + 1_000_003 * (ctx.rank + 1) + self.step)
+        log.info("resumed from step %d (checkpoint of %d ranks)", self.step, saved_world)
+
+    # --- one step ---------------------------------------------------------------------------------------
+
+    def next_batches(self) -> list[Batch]:
+        return [next(self.loader) for _ in range(self.train_config.grad_accum)]
+
+    def forward_backward(self, batches: list[Batch]) -> None:
+        """Gradients of the token-mean loss over all ranks' micro-batches (DDP averages over ranks)."""
+        ctx, train = self.ctx, self.train_config
+        self.optimizer.zero_grad(set_to_none=True)
+        local_tokens = [batch.num_tokens for batch in batches]
+        if self.config.data.batching == "packed":
+            step_tokens = sum(local_tokens) * ctx.world_size  # every row is full
+        else:
+            step_tokens = ctx.sum_cpu(sum(local_tokens))
+        loss_sum = torch.zeros((), device=self.device)
+        ddp = self.parallel_model is not self.model
+        for index, batch in enumerate(batches):
+            batch = batch.to(self.device, non_blocking=True)
+            last = index == len(batches) - 1
+            # Reduce gradients once per step, on the last micro-batch.
+            with contextlib.nullcontext() if last or not ddp else self.parallel_model.no_sync():
+                with self.precision.autocast():
+                    out = self.forward_model(
+                        batch.inputs, batch.targets, batch.document_ids if train.document_masking else None
+                    )
+                share = local_tokens[index] / step_tokens
+                self.precision.backward(out.loss * (share * ctx.world_size))
+            loss_sum += out.lm_loss.detach().float() * share
+        self._loss_sum = loss_sum
+        self._step_tokens = step_tokens
+
+    def optimizer_step(self) -> bool:
+        """Clip, step (unless a gradient is not finite) and advance the schedule; True when it stepped."""
+        self._grad_norm, stepped = self.precision.step(
+            self.optimizer, self.model.parameters(), self.train_config.grad_clip
+        )
+        self.scheduler.step()
+        self.step += 1
+        self.tokens_seen += self._step_tokens
+        self.throughput.add_step(self._step_tokens)
+        return stepped
+
+    def train_step(self) -> None:
+        self.forward_backward(self.next_batches())
+        self.optimizer_step()
+        every = self.train_config.histogram_every
+        if self.tensorboard is not None and every and self.step % every == 0:
+            self.tensorboard.histograms(self.model.named_parameters(), self.step)
+
+    # --- figures ----------------------------------------------------------------------------------------
+
+    def _train_metrics(self) -> dict[str, float]:
+        loss = self.ctx.all_reduce(self._loss_sum.clone()).item()
+        figures: dict[str, float] = {
+            "loss": round(loss, 6),
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": round(float(self._grad_norm), 6),
+        }
+        figures.update(self.throughput.collect())  # after the .item() above, so the device work is done
+        figures["tokens_seen"] = self.tokens_seen
+        figures["skipped_steps"] = self.precision.skipped_steps
+        if self.precision.loss_scale is not None:
+            figures["loss_scale"] = self.precision.loss_scale
+        figures.update(memory_metrics(self.device))
+        figures.update(router_metrics(self.model))
+        if self.compression is not None:
+            figures.update(self.compression.stats.collect())
+        return figures
+
+    def evaluate(self) -> dict[str, float]:
+        with self.throughput.excluded():
+            val_loss = self.validator.evaluate(self.model, self.precision.autocast, self.ctx.all_reduce)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # give evaluation's activations back before training resumes
+        if val_loss is None:
+            return {}
+        return {"val_loss": round(val_loss, 6), "val_perplexity": round(perplexity(val_loss), 4)}
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file."""
+        ctx = self.ctx
+        with self.throughput.excluded():
+            optimizer = optimizer_state_dict(self.optimizer, ctx.rank)
+            rank_state = {
+                "rng": rng_state(self.device),
+                "compression_kind": self.compression.name if self.compression is not None else None,
+                "compression": self.compression.state_dict() if self.compression is not None else None,
+            }
+            rank_states = ctx.gather_objects(rank_state)
+            path = self.checkpointer.path_for(self.step)
+            if ctx.is_main:
+                self.checkpointer.save(
+                    self.step,
+                    {
+                        "step": self.step,
+                        "config_hash": self.config.hash,
+                        "resume_identity": resume_identity(self.config),
+                        "model_config": asdict(self.model_config),
+                        "model": self.model.state_dict(),
+                        "optimizer": optimizer,
+                        "scheduler": self.scheduler.state_dict(),
+                        "precision": self.precision.state_dict(),
+                        "loader": self.loader.state_dict(),
+                        "counters": {"tokens_seen": self.tokens_seen},
+                        "world_size": ctx.world_size,
+                        "rank_states": rank_states,
+                    },
+                )
+        return path
+
+    # --- the loop ---------------------------------------------------------------------------------------
+
+    def run(self) -> Manifest | None:
+        """Train to ``train.steps`` and publish the output (rank 0 returns its manifest).
+
+        Raises TrainingStopped after SIGTERM, once the checkpoint is written.
+        """
+        train, ctx = self.train_config, self.ctx
+        status = "FAILED"
+        progress = tqdm(
+            total=train.steps,
+            initial=self.step,
+            disable=not (ctx.is_main and sys.stderr.isatty()),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
         )
         log.info(
-            "training done: final loss %s, checkpoint %s/%s",
-            manifest.extra["final_loss"],
-            manifest.path,
-            final_checkpoint,
+            "training %s (%.2fM parameters, %.2fM active) on %d rank(s), %s, %s, %s, compression %s: "
+            "steps %d..%d",
+            self.config.model.preset,
+            self.model.num_parameters() / 1e6,
+            self.model.num_active_parameters() / 1e6,
+            ctx.world_size,
+            self.device,
+            train.precision,
+            train.data_parallel,
+            train.grad_compression,
+            self.step + 1,
+            train.steps,
         )
-    dist.barrier()
-    dist.destroy_process_group()
+        try:
+            with StopSignal() as stop:
+                while self.step < train.steps:
+                    self.train_step()
+                    progress.update(1)
+                    maybe_inject(self.fault, self.step)
+                    stopping = ctx.any_rank(stop.received)
+                    last = self.step == train.steps
+                    figures: dict[str, float] = {}
+                    if self.step % train.log_every == 0 or last:
+                        figures.update(self._train_metrics())
+                        progress.set_postfix(loss=f"{figures['loss']:.4f}", refresh=False)
+                    if (train.eval_every and self.step % train.eval_every == 0) or last:
+                        figures.update(self.evaluate())
+                    if figures:
+                        self.metrics.log(figures, self.step)
+                    if stopping:
+                        path = self.save_checkpoint()
+                        ctx.barrier()  # nobody exits before rank 0 has the file
+                        log.warning("SIGTERM: checkpoint of step %d written to %s; stopping", self.step, path)
+                        raise TrainingStopped(self.step, path)
+                    if self.step % train.checkpoint_every == 0 or last:
+                        self.save_checkpoint()
+            manifest = self._publish()
+            status = "FINISHED"
+            return manifest
+        except TrainingStopped:
+            status = "KILLED"
+            raise
+        finally:
+            progress.close()
+            self.metrics.close(status)
+            self.ctx.close()
+
+    def _write_samples(self) -> None:
+        """Greedy continuations of tracking.sample_prompts into TensorBoard's text tab (rank 0)."""
+        tokenizer_file = self.tokens_ref.path / "tokenizer.json"
+        if self.tensorboard is None or not self.config.tracking.sample_tokens or not tokenizer_file.is_file():
+            return
+        from tokenizers import Tokenizer
+
+        from pipeline.tracking.samples import format_samples, greedy_generate
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        stop_id = tokenizer.token_to_id(self.config.tokenizer.eos_token)
+        samples = []
+        with self.precision.autocast():
+            for prompt in self.config.tracking.sample_prompts:
+                prompt_ids = tokenizer.encode(prompt).ids or [stop_id if stop_id is not None else 0]
+                new_ids = greedy_generate(self.model, prompt_ids, self.config.tracking.sample_tokens, stop_id)
+                samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
+        self.tensorboard.text("samples", format_samples(samples), self.step)
+
+    def _publish(self) -> Manifest | None:
+        ctx = self.ctx
+        manifest = None
+        if ctx.is_main:
+            self._write_samples()
+            path = self.output.path / METRICS_FILE
+            history = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            losses = [row["loss"] for row in history if "loss" in row]
+            validation = [row["val_loss"] for row in history if "val_loss" in row]
+            manifest = self.output.commit(
+                rows={"steps": self.step},
+                counters={"tokens_seen": self.tokens_seen, "skipped_steps": self.precision.skipped_steps},
+                extra={
+                    "final_loss": losses[-1] if losses else None,
+                    "first_loss": losses[0] if losses else None,
+                    "val_loss": validation[-1] if validation else None,
+                    "val_perplexity": perplexity(validation[-1]) if validation else None,
+                    "checkpoint": self.checkpointer.path_for(self.step)
+                    .relative_to(self.output.path)
+                    .as_posix(),
+                    "world_size": ctx.world_size,
+                    "restarts": self.restarts,
+                    "parameters": self.model.num_parameters(),
+                    "active_parameters": self.model.num_active_parameters(),
+                    "flops_per_token": self.model.flops_per_token(self.train_config.seq_len),
+                    "precision": self.train_config.precision,
+                    "data_parallel": self.train_config.data_parallel,
+                    "grad_compression": self.train_config.grad_compression,
+                    "model_config": asdict(self.model_config),
+                    "mlflow_run_id": self.metrics.mlflow_run_id,
+                },
+            )
+            log.info(
+                "training done: final loss %s, validation loss %s, checkpoint %s/%s",
+                manifest.extra["final_loss"],
+                manifest.extra["val_loss"],
+                manifest.path,
+                manifest.extra["checkpoint"],
+            )
+        ctx.barrier()
+        return manifest
 
 
 def _truncate_metrics(path: Path, after_step: int) -> None:
-    """A resumed run rewrites the steps after its checkpoint, so drop any lines logged past it."""
+    """A resumed run redoes the steps after its checkpoint, so drop any lines logged past it."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= after_step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= after_step
+    ]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> Manifest | None:
+    return Trainer(config, snapshot, input_stage).run()

@@ -1,0 +1,12 @@
+"""The parts the trainer composes, torchtitan-style: each one is built from the config, does one job, and
+(where it has state) offers ``state_dict()`` / ``load_state_dict()`` for the checkpoint.
+
+- ``optimizer``: AdamW with decay groups, optionally sharded with ZeroRedundancyOptimizer (ZeRO-1);
+- ``lr_schedule``: linear warm-up then cosine decay;
+- ``amp``: autocast and the fp16 loss scaler, with skipped-step accounting;
+- ``checkpoint``: atomic, checksummed checkpoints, newest-valid loading, per-rank RNG state;
+- ``evaluation``: validation loss over a fixed set of windows, split over the ranks;
+- ``metrics``: throughput, MFU, memory and MoE routing figures for ``pipeline.tracking.metrics``.
+
+The data loader is ``pipeline.data.loader`` (exact ``state_dict`` including resharding).
+"""

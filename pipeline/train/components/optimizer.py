@@ -1,0 +1,41 @@
+"""AdamW with weight decay on matrices only, replicated (DDP) or sharded over the ranks (ZeRO-1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from pipeline.core.config import TrainConfig
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay on matrices (linear and embedding weights); norms and biases are left alone."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(
+    model: torch.nn.Module, train: TrainConfig, device: torch.device
+) -> torch.optim.Optimizer:
+    options: dict[str, Any] = {"lr": train.lr, "betas": tuple(train.betas)}
+    # The fused CUDA kernel is the fastest AdamW there; on CPU the default (foreach) is.
+    if device.type == "cuda":
+        options["fused"] = True
+    groups = parameter_groups(model, train.weight_decay)
+    if train.data_parallel == "zero1":
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
+    return torch.optim.AdamW(groups, **options)
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer, rank: int) -> dict[str, Any] | None:
+    """The full optimizer state on rank 0 (None elsewhere). Collective under ZeRO-1: every rank must call it,
+    since each holds only its shard; the consolidated state has the same layout as a plain AdamW's."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if rank == 0 else None
+    return optimizer.state_dict() if rank == 0 else None

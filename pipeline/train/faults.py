@@ -1,0 +1,67 @@
+"""Fault injection for chaos testing: deliver a real signal at an exact step of one rank.
+
+``PRETRAIN_TRAIN_FAULT="<SIGNAL>@<step>[:rank=<r>][:to=self|launcher]"``, e.g.
+
+- ``SIGKILL@7:rank=1`` kills worker rank 1 after its step 7 (torchrun then restarts the group);
+- ``SIGTERM@5:rank=0:to=launcher`` sends SIGTERM to the torchrun agent, as a scheduler preempting the job
+  would; the agent passes it to every worker.
+
+It fires in the first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so a restarted group runs
+through. Unset (the normal case) it costs one comparison per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+ENV_FAULT = "PRETRAIN_TRAIN_FAULT"
+_SPEC = re.compile(
+    r"^(?P<signal>SIG[A-Z0-9]+)@(?P<step>\d+)(?::rank=(?P<rank>\d+))?(?::to=(?P<to>self|launcher))?$"
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    signal: signal.Signals
+    step: int
+    rank: int
+    to: str
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        match = _SPEC.match(spec.strip())
+        if not match or not hasattr(signal, match["signal"]):
+            raise ValueError(f"{ENV_FAULT}={spec!r}: expected <SIGNAL>@<step>[:rank=<r>][:to=self|launcher]")
+        return cls(
+            signal=signal.Signals[match["signal"]],
+            step=int(match["step"]),
+            rank=int(match["rank"] or 0),
+            to=match["to"] or "self",
+        )
+
+
+def fault_for(rank: int, environ: dict[str, str] | None = None) -> Fault | None:
+    env = os.environ if environ is None else environ
+    spec = env.get(ENV_FAULT)
+    if not spec or int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return None
+    fault = Fault.parse(spec)
+    if fault.rank != rank:
+        return None
+    log.warning("fault injection armed: %s to %s after step %d", fault.signal.name, fault.to, fault.step)
+    return fault
+
+
+def maybe_inject(fault: Fault | None, step: int) -> None:
+    if fault is None or step != fault.step:
+        return
+    target = os.getppid() if fault.to == "launcher" else os.getpid()
+    log.warning("fault injection: sending %s to pid %d after step %d", fault.signal.name, target, step)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.kill(target, fault.signal)

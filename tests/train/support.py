@@ -1,0 +1,92 @@
+"""A small tokenized corpus for trainer tests, written without Spark: a real BPE over generated text."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.config import PipelineConfig, TokenizerConfig
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer
+from pipeline.tokenization.shards import ShardWriter
+
+WORDS = (
+    "the bee hive garden flower honey queen worker summer pollen nectar wax comb swarm field meadow sun rain "
+    "colony keeper smoke frame brood drone forage clover lavender apple blossom morning evening warm cold"
+).split()
+
+
+def generated_documents(count: int, seed: int) -> list[str]:
+    """Sentences from a sparse Markov chain over a small vocabulary, so a tiny model can learn something."""
+    rng = np.random.default_rng(seed)
+    successors = {word: rng.choice(len(WORDS), size=3, replace=False) for word in WORDS}
+    documents = []
+    for _ in range(count):
+        word = WORDS[rng.integers(len(WORDS))]
+        sentence = [word]
+        for _ in range(int(rng.integers(15, 90))):
+            word = WORDS[successors[word][rng.integers(3)]]
+            sentence.append(word)
+        documents.append(" ".join(sentence).capitalize() + ".")
+    return documents
+
+
+def write_token_corpus(config: PipelineConfig, snapshot: str, documents: int = 400, seed: int = 7) -> DatasetRef:
+    """A published tokenize output (train + validation shards, tokenizer.json, manifest) for ``snapshot``."""
+    texts = generated_documents(documents, seed)
+    tokenizer_config = TokenizerConfig(vocab_size=320, min_frequency=1)
+    tokenizer = train_tokenizer(texts, tokenizer_config)
+    eos_id = tokenizer.token_to_id(tokenizer_config.eos_token)
+    ref = DatasetRef.of(config, "tokenize", snapshot)
+    validation = len(texts) // 10
+    with StageOutput(ref, config, []) as out:
+        save_tokenizer(tokenizer, out.path, tokenizer_config)
+        encoded = [encoding.ids + [eos_id] for encoding in tokenizer.encode_batch(texts)]
+        splits = {"validation": [encoded[:validation]], "train": [encoded[validation::2], encoded[validation + 1 :: 2]]}
+        for split, shards in splits.items():
+            (out.path / split).mkdir()
+            for number, shard in enumerate(shards):
+                with ShardWriter(out.path / split / f"shard-{number:05d}-0000", np.dtype(np.uint16)) as writer:
+                    for document in shard:
+                        writer.add_document(document)
+        out.commit(
+            rows={"train_documents": len(texts) - validation, "validation_documents": validation},
+            extra={
+                "vocab_size": tokenizer.get_vocab_size(),
+                "eos_id": eos_id,
+                "pad_id": tokenizer.token_to_id(tokenizer_config.pad_token),
+            },
+        )
+    return ref
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, str] | None = None, **popen):
+    """Start ``torchrun <args> -m pipeline.train`` on a written config; returns the Popen."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *args,
+        "-m",
+        "pipeline.train",
+        "--config",
+        str(config_path),
+        "--snapshot",
+        snapshot,
+    ]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PRETRAIN")}
+    environment.update(OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.Popen(
+        command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
