@@ -175,7 +175,12 @@ class Int8Compression(GradientCompression):
         return carried.to(like.device)
 
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        buffer, index, world = bucket.buffer(), bucket.index(), self.world_size
+        self.average(bucket.buffer(), bucket.index())
+        return _completed(bucket.buffer())
+
+    def average(self, buffer: torch.Tensor, index: int) -> None:
+        """Replace ``buffer`` (flat, one per rank) by its int8-compressed mean over the ranks."""
+        world = self.world_size
         numel = buffer.numel()
         chunk = math.ceil(numel / world)
         values = torch.zeros(chunk * world, dtype=torch.float32, device=buffer.device)
@@ -203,7 +208,6 @@ class Int8Compression(GradientCompression):
 
         sent = self.stats.all_to_all(send.numel()) + self.stats.all_gather(packed.numel())
         self.stats.record(sent, numel)
-        return _completed(buffer)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -58,6 +58,8 @@ def child_environment() -> dict[str, str]:
     """The resolved config file already holds every override; drop the env ones so nothing applies twice."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Each restart gets its own worker store (see pipeline.train.parallel._attempt_store for why).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

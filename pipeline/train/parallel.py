@@ -98,6 +98,25 @@ def _env_int(name: str) -> int | None:
     return int(value) if value not in (None, "") else None
 
 
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's shared store, with keys private to this restart attempt.
+
+    Workers of every attempt share the agent's TCPStore, and torch adds no per-attempt prefix there: a
+    restarted rank could read a dead peer's address left by the previous attempt and wait for it forever.
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(
+        f"pretrain-train/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/attempt-{attempt}", store
+    )
+
+
 def init_distributed(config: PipelineConfig) -> DistributedContext:
     """Join (or reuse) the default process group and pick this rank's device."""
     settings = config.distributed
@@ -132,6 +151,9 @@ def init_distributed(config: PipelineConfig) -> DistributedContext:
                 "no RANK/WORLD_SIZE in the environment: start the trainer with torchrun (`pretrain train` does "
                 "that for you), or set distributed.init_method, world_size and rank"
             )
+        elif settings.init_method == "env://" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            options.update(store=_attempt_store(options["timeout"]), rank=env_rank, world_size=env_world)
+            del options["init_method"]
         dist.init_process_group(**options)
         owns = True
     rank, world_size = dist.get_rank(), dist.get_world_size()
