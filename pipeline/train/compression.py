@@ -29,8 +29,6 @@ rank issues collectives in the same order (DDP calls hooks in bucket order), wha
 them; on NCCL the calls only enqueue work and do not block the host.
 """
 
-from __future__ import annotations
-
 import logging
 import math
 from typing import Any
@@ -103,7 +101,8 @@ class GradientCompression:
         pass
 
 
-def _run_hook(compression: GradientCompression, bucket: dist.GradBucket) -> torch.futures.Future:
+# DDP checks these annotations at registration, so they must be real objects (no deferred annotations here).
+def _run_hook(compression: GradientCompression, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     return compression.hook(bucket)
 
 
@@ -150,8 +149,8 @@ def _finite_or_zero(error: torch.Tensor) -> torch.Tensor:
 
 
 def _with_scale(quantized: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """[..., n] int8 values followed by the 4 bytes of the float32 scale(s): [..., n + 4]."""
-    scale_bytes = scale.reshape(-1, 1).contiguous().view(torch.int8)
+    """[..., n] int8 values, each row followed by the 4 bytes of the one float32 scale: [..., n + 4]."""
+    scale_bytes = scale.reshape(1).contiguous().view(torch.int8)
     return torch.cat([quantized, scale_bytes.expand(*quantized.shape[:-1], SCALE_BYTES)], dim=-1)
 
 
