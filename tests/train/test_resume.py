@@ -1,0 +1,111 @@
+"""Stop and resume in one process: SIGTERM checkpoints, bit-exact continuation, corrupt-checkpoint fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.train.components.checkpoint import Checkpointer
+from pipeline.train.faults import ENV_FAULT
+from pipeline.train.trainer import Trainer, TrainingStopped, train
+from tests.train.support import losses, single_process, train_config, write_token_corpus
+
+SNAPSHOT = "resume"
+# fp16 with a loss scaler, two micro-batches and dropout: every piece of state a resume must restore matters.
+SETTINGS = (
+    "train.steps=9",
+    "train.grad_accum=2",
+    "train.precision=fp16",
+    "model.overrides={dropout: 0.1}",
+)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uninterrupted")
+    config = single_process(train_config(root / "data", *SETTINGS), root)
+    write_token_corpus(config, SNAPSHOT)
+    manifest = train(config, SNAPSHOT)
+    final = Checkpointer(DatasetRef.of(config, "train", SNAPSHOT).path / "checkpoints").load(9)
+    return losses(config, SNAPSHOT), final, manifest
+
+
+def checkpoints_of(config) -> Checkpointer:
+    staging = StageOutput(DatasetRef.of(config, "train", SNAPSHOT), config, [], resumable=True).path
+    return Checkpointer(staging / "checkpoints")
+
+
+def stop_at(config, step: int, monkeypatch) -> TrainingStopped:
+    """Run until the fault injector sends this process SIGTERM after ``step``."""
+    monkeypatch.setenv(ENV_FAULT, f"SIGTERM@{step}")
+    with pytest.raises(TrainingStopped) as stopped:
+        train(config, SNAPSHOT)
+    monkeypatch.delenv(ENV_FAULT)
+    return stopped.value
+
+
+def assert_same_run(resumed_config, uninterrupted) -> None:
+    expected_losses, expected_final, expected_manifest = uninterrupted
+    manifest = train(resumed_config, SNAPSHOT)
+    assert losses(resumed_config, SNAPSHOT) == expected_losses  # exact float equality, every step
+    final = Checkpointer(DatasetRef.of(resumed_config, "train", SNAPSHOT).path / "checkpoints").load(9)
+    for name, tensor in expected_final["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+    assert final["precision"] == expected_final["precision"]
+    assert manifest.extra["val_loss"] == expected_manifest.extra["val_loss"]
+
+
+def test_sigterm_checkpoints_and_resume_repeats_the_uninterrupted_run_bit_for_bit(
+    uninterrupted, tmp_path, monkeypatch
+):
+    config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
+    write_token_corpus(config, SNAPSHOT)
+
+    stopped = stop_at(config, 5, monkeypatch)
+
+    assert stopped.step == 5
+    assert checkpoints_of(config).steps() == [3, 5]  # every 3 steps, and on SIGTERM
+    state = checkpoints_of(config).load(5)
+    assert state["step"] == 5 and state["loader"]["position"] == 5 * 2 * 4
+    assert not DatasetRef.of(config, "train", SNAPSHOT).is_complete()  # nothing published yet
+    assert losses(config, SNAPSHOT, staging=True) == uninterrupted[0][:5]
+    assert_same_run(single_process(config, tmp_path), uninterrupted)
+
+
+def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
+    uninterrupted, tmp_path, monkeypatch, caplog
+):
+    config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
+    write_token_corpus(config, SNAPSHOT)
+    stop_at(config, 7, monkeypatch)
+    checkpoints = checkpoints_of(config)
+    assert checkpoints.steps() == [3, 6, 7]
+    newest = checkpoints.path_for(7)
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle: the checksum must catch it
+    newest.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="pipeline.train.components.checkpoint"):
+        trainer = Trainer(single_process(config, tmp_path), SNAPSHOT)
+    assert trainer.step == 6
+    assert "does not match its checksum" in caplog.text
+    trainer.run()
+    expected_losses = uninterrupted[0]
+    assert losses(config, SNAPSHOT) == expected_losses
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path, monkeypatch):
+    config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
+    write_token_corpus(config, SNAPSHOT)
+    stop_at(config, 2, monkeypatch)
+    changed = single_process(train_config(tmp_path / "data", *SETTINGS, "train.lr=0.01"), tmp_path)
+    with pytest.raises(Exception, match=r"train\.lr: checkpoint 0\.003, this run 0\.01"):
+        train(changed, SNAPSHOT)
+    # train.resume=false discards the unfinished run and starts over.
+    fresh = single_process(
+        train_config(tmp_path / "data", *SETTINGS, "train.lr=0.01", "train.resume=false"), tmp_path
+    )
+    assert train(fresh, SNAPSHOT).rows["steps"] == 9
