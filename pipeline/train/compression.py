@@ -9,15 +9,20 @@
 
 **int8 with error feedback.** One bucket, flattened, on each rank (the two-phase scheme of ZeRO++'s qgZ):
 
-1. add the error this rank carried over from the previous step, quantise the bucket to int8 with one scale
-   (absmax / 127), and keep what the rounding lost as the new carried error;
-2. all-to-all: rank r receives chunk r of every rank's int8 bucket with that rank's scale, dequantises and
-   averages it in fp32;
-3. the owner adds its own carried error for that chunk, quantises the average with one scale, keeps the error;
+1. add the error this rank carried over from the previous step, quantise the bucket to int8 in blocks of
+   ``block_size`` values with one scale each (absmax / 127), and keep what the rounding lost as the new
+   carried error;
+2. all-to-all: rank r receives chunk r of every rank's int8 bucket with its scales, dequantises and averages
+   it in fp32;
+3. the owner adds its own carried error for that chunk, quantises the average the same way, keeps the error;
 4. all-gather the int8 chunks and scales; every rank dequantises the whole averaged bucket.
 
-Both quantisation errors are fed back, so the rounding does not accumulate into a drift. A non-finite gradient
-stays non-finite (the step is skipped) and does not enter the carried errors.
+Why blocks: with one scale per bucket, the largest gradient in the bucket (often the embedding's) sets the
+step, and the small gradients of other layers round to zero and arrive only through the carried error, many
+steps late; the loss then lags uncompressed training visibly. A scale per 1024 values costs 4 bytes in 1028
+(3.98x fewer bytes than fp32 instead of 4x). Both quantisation errors are fed back, so the rounding does not
+accumulate into a drift. A non-finite gradient stays non-finite (the step is skipped) and does not enter the
+carried errors.
 
 **Byte accounting.** For each collective the hook counts the bytes this rank sends to the other ranks under the
 usual algorithms: all-reduce (ring) 2(w-1)/w x size, all-to-all (w-1)/w x size, all-gather (w-1) x own part.
@@ -40,7 +45,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 log = logging.getLogger(__name__)
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "int8")
-SCALE_BYTES = 4  # one float32 scale travels as 4 int8 values beside its chunk
+SCALE_BYTES = 4  # a float32 scale travels as 4 int8 values beside its block
 
 
 class CommStats:
@@ -102,7 +107,9 @@ class GradientCompression:
 
 
 # DDP checks these annotations at registration, so they must be real objects (no deferred annotations here).
-def _run_hook(compression: GradientCompression, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _run_hook(
+    compression: GradientCompression, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     return compression.hook(bucket)
 
 
@@ -134,8 +141,9 @@ class CastCompression(GradientCompression):
 
 
 def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 with one scale: q = round(v / s) in [-127, 127], s = max|v| / 127 (1 for all zeros)."""
-    absmax = values.abs().amax()
+    """Symmetric int8 with one scale per row (last dimension): q = round(v / s) in [-127, 127],
+    s = max|v| / 127 (1 for an all-zero row). Returns q and the float32 scales, shaped [..., 1]."""
+    absmax = values.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax)).float()
     return torch.round(values / scale).clamp_(-127, 127).to(torch.int8), scale
 
@@ -149,9 +157,8 @@ def _finite_or_zero(error: torch.Tensor) -> torch.Tensor:
 
 
 def _with_scale(quantized: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """[..., n] int8 values, each row followed by the 4 bytes of the one float32 scale: [..., n + 4]."""
-    scale_bytes = scale.reshape(1).contiguous().view(torch.int8)
-    return torch.cat([quantized, scale_bytes.expand(*quantized.shape[:-1], SCALE_BYTES)], dim=-1)
+    """[..., n] int8 rows, each followed by the 4 bytes of its float32 scale: [..., n + 4], one message."""
+    return torch.cat([quantized, scale.contiguous().view(torch.int8)], dim=-1)
 
 
 def _split_scale(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,8 +168,9 @@ def _split_scale(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Compression(GradientCompression):
     name = "int8"
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, block_size: int = 1024) -> None:
         super().__init__(world_size)
+        self.block_size = block_size
         self.worker_error: dict[int, torch.Tensor] = {}
         self.server_error: dict[int, torch.Tensor] = {}
 
@@ -181,29 +189,31 @@ class Int8Compression(GradientCompression):
         """Replace ``buffer`` (flat, one per rank) by its int8-compressed mean over the ranks."""
         world = self.world_size
         numel = buffer.numel()
-        chunk = math.ceil(numel / world)
-        values = torch.zeros(chunk * world, dtype=torch.float32, device=buffer.device)
-        values[:numel] = buffer
+        per_rank = math.ceil(numel / world)
+        block = min(self.block_size, per_rank)  # small buckets: no block padding beyond one rank's share
+        blocks = math.ceil(per_rank / block)
+        values = torch.zeros(world, blocks, block, dtype=torch.float32, device=buffer.device)
+        values.view(-1)[:numel] = buffer
         values += self._carried(self.worker_error, index, values)
         quantized, scale = quantize(values)
         self.worker_error[index] = _finite_or_zero(values - dequantize(quantized, scale))
 
-        # Phase 1: every rank sends chunk r of its bucket (and its scale) to rank r.
-        send = _with_scale(quantized.view(world, chunk), scale)
+        # Phase 1: every rank sends chunk r of its bucket (and its scales) to rank r.
+        send = _with_scale(quantized, scale)
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send)
         chunks, scales = _split_scale(received)
-        average = (chunks.float() * scales).sum(dim=0) / world
+        average = dequantize(chunks, scales).sum(dim=0) / world
         average += self._carried(self.server_error, index, average)
         own, own_scale = quantize(average)
         self.server_error[index] = _finite_or_zero(average - dequantize(own, own_scale))
 
         # Phase 2: the averaged chunks, requantised, go to every rank.
         packed = _with_scale(own, own_scale)
-        gathered = torch.empty(world * packed.numel(), dtype=torch.int8, device=buffer.device)
-        dist.all_gather_single(gathered, packed)
-        all_chunks, all_scales = _split_scale(gathered.view(world, -1))
-        buffer.copy_((all_chunks.float() * all_scales).reshape(-1)[:numel])
+        gathered = torch.empty((world * blocks, packed.shape[-1]), dtype=torch.int8, device=buffer.device)
+        dist.all_gather_into_tensor(gathered, packed)
+        all_chunks, all_scales = _split_scale(gathered)
+        buffer.copy_(dequantize(all_chunks, all_scales).reshape(-1)[:numel])
 
         sent = self.stats.all_to_all(send.numel()) + self.stats.all_gather(packed.numel())
         self.stats.record(sent, numel)
