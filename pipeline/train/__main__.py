@@ -10,8 +10,10 @@ Details: docs/training.md.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 
 from pipeline.core.cli import resolve, run_cli, stage_main, stage_parser
 from pipeline.core.logs import setup_logging
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             component="train-launcher",
         )
     rank = int(os.environ.get("RANK", config.distributed.rank or 0))
+    # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     setup_logging(config, "train", rank=rank)
     from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 

@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,21 @@ class DistributedContext:
         if self.world_size > 1:
             dist.barrier(group=self.control_group)
 
-    def close(self) -> None:
-        if self.owns_process_group and dist.is_initialized():
+    def close(self, wait_s: float = 30.0) -> None:
+        """Destroy the group we created, waiting at most ``wait_s``: the run's work is done and saved by now,
+        and a peer that already exited must not keep this rank alive (seen once with gloo on 2 CPU ranks)."""
+        if not (self.owns_process_group and dist.is_initialized()):
+            return
+
+        def destroy() -> None:
             with contextlib.suppress(Exception):  # a peer that died already must not mask the real error
                 dist.destroy_process_group()
+
+        worker = threading.Thread(target=destroy, name="destroy-process-group", daemon=True)
+        worker.start()
+        worker.join(wait_s)
+        if worker.is_alive():
+            log.warning("destroying the process group took over %.0f s; exiting without waiting", wait_s)
 
 
 def _env_int(name: str) -> int | None:
