@@ -1,0 +1,210 @@
+"""Tokens/s of our trainer vs a minimal nanoGPT-style PyTorch loop: same model, batch, optimizer, AMP setting.
+
+    .venv/bin/python benchmarks/train_cpu.py --quick     # within 3 minutes on 2 cores
+    .venv/bin/python benchmarks/train_cpu.py             # longer runs, bigger model
+
+Both sides train ``pipeline.model.GPT`` (preset ``--preset``) on the same token shards, in this one process with
+the same torch threads, with AdamW (decay on matrices), gradient clipping and the same precision:
+
+- **plain loop**: nanoGPT's ``train.py`` reduced to its core: random windows from a memmap, forward under
+  autocast, backward, clip, step, zero_grad; no logging, no checkpoints, no process group;
+- **our trainer**: ``pipeline.train.trainer.Trainer`` as torchrun would run it, as a one-rank gloo group:
+  resumable data loader, LR schedule, skipped-step accounting, metrics every ``--log-every`` steps to
+  metrics.jsonl and the ECS log line, a checkpoint and a validation pass at the end (held out of its own
+  tokens/s, like the plain loop does not have them at all).
+
+The plain loop runs before and after the trainer, and the mean of the two is used (to even out drift in
+machine load). Both use ``--threads`` torch threads (default 1): on a shared 2-core machine, intra-op thread
+pools spin-wait on each other and a neighbour's load makes 2-thread figures swing by 10x between runs, while
+single-thread ones stay comparable; the per-step work and the overheads compared are the same. The trainer's tokens/s is its own per-interval figure (``metrics.jsonl``), first interval
+dropped as warm-up, like the plain loop's first steps. Document masking is off on both sides by default
+(``--document-masking`` turns it on for the trainer only and reports what it costs).
+The last line printed is one JSON object.
+"""
+
+# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
+# `tokenize` (which torch imports): replace it by the repository root before any other import.
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pipeline.core.config import PipelineConfig, load_config  # noqa: E402
+from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
+from pipeline.model.gpt import GPT  # noqa: E402
+from pipeline.tokenization.shards import ShardWriter  # noqa: E402
+from pipeline.train.components.amp import MixedPrecision  # noqa: E402
+from pipeline.train.components.optimizer import parameter_groups  # noqa: E402
+
+SNAPSHOT = "bench"
+VOCAB = 2048
+
+
+def write_shards(config: PipelineConfig, tokens: int, seed: int = 0) -> DatasetRef:
+    """A tokenize output of Zipf-distributed token ids in documents of 50-2000 tokens (content does not change
+    the arithmetic; the shard and manifest format are the real ones)."""
+    rng = np.random.default_rng(seed)
+    ref = DatasetRef.of(config, "tokenize", SNAPSHOT)
+    with StageOutput(ref, config, []) as out:
+        for split, count in (("train", tokens), ("validation", tokens // 20)):
+            (out.path / split).mkdir()
+            with ShardWriter(out.path / split / "shard-00000-0000", np.dtype(np.uint16)) as writer:
+                written = 0
+                while written < count:
+                    length = int(rng.integers(50, 2000))
+                    document = np.minimum(rng.zipf(1.2, length), VOCAB - 1).astype(np.int64)
+                    document[-1] = 0  # end of text
+                    writer.add_document(document.tolist())
+                    written += length
+        out.commit(extra={"vocab_size": VOCAB, "eos_id": 0, "pad_id": 1})
+    return ref
+
+
+def plain_loop(config: PipelineConfig, model_config, tokens: np.ndarray, steps: int, warmup: int) -> float:
+    """nanoGPT's loop: tokens/s over ``steps`` steps after ``warmup`` untimed ones."""
+    train = config.train
+    torch.manual_seed(0)
+    model = GPT(model_config)
+    optimizer = torch.optim.AdamW(
+        parameter_groups(model, train.weight_decay), lr=train.lr, betas=tuple(train.betas)
+    )
+    precision = MixedPrecision(train.precision, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    batch, seq = train.batch_size, train.seq_len
+
+    def get_batch():
+        starts = rng.integers(0, len(tokens) - seq - 1, batch)
+        rows = torch.from_numpy(np.stack([tokens[s : s + seq + 1].astype(np.int64) for s in starts]))
+        return rows[:, :-1], rows[:, 1:]
+
+    started = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            started = time.perf_counter()
+        inputs, targets = get_batch()
+        with precision.autocast():
+            loss = model(inputs, targets).loss
+        precision.backward(loss)
+        precision.step(optimizer, model.parameters(), train.grad_clip)
+        optimizer.zero_grad(set_to_none=True)
+    loss.item()
+    return steps * batch * seq / (time.perf_counter() - started)
+
+
+def our_trainer(config: PipelineConfig, root: Path, log_every: int) -> tuple[float, dict]:
+    from pipeline.train.trainer import train
+
+    single = config.model_copy(
+        update={
+            "distributed": config.distributed.model_copy(
+                update={"init_method": f"file://{root / 'pg'}", "rank": 0, "world_size": 1}
+            )
+        }
+    )
+    manifest = train(single, SNAPSHOT)
+    rows = [
+        json.loads(line)
+        for line in (DatasetRef.of(config, "train", SNAPSHOT).path / "metrics.jsonl").read_text().splitlines()
+    ]
+    timed = [row for row in rows if "tokens_per_s" in row][1:]  # the first interval holds the warm-up
+    tokens = sum(row["tokens"] for row in timed)
+    seconds = sum(row["step_time_s"] * log_every for row in timed)
+    return tokens / seconds, manifest.extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small runs, within 3 minutes on 2 cores")
+    parser.add_argument(
+        "--preset", default=None, help="model preset (default: tiny, or tiny-moe... see docs)"
+    )
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--document-masking", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for both sides")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
+    args = parser.parse_args(argv)
+
+    preset = args.preset or "tiny"
+    steps = args.steps or (100 if args.quick else 300)
+    batch, seq = (8, 256) if args.quick else (16, 256)
+    log_every = 10
+    torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="train-bench-") as folder:
+        root = Path(folder)
+        config = load_config(
+            None,
+            [
+                f"project.data_root={root / 'data'}",
+                f"model.preset={preset}",
+                f"train.steps={steps + log_every}",
+                f"train.batch_size={batch}",
+                f"train.seq_len={seq}",
+                f"train.precision={args.precision}",
+                f"train.log_every={log_every}",
+                f"train.checkpoint_every={steps + log_every}",
+                "train.eval_sequences=16",
+                "train.histogram_every=0",
+                f"train.document_masking={str(args.document_masking).lower()}",
+                "tracking.stage_runs=false",
+                "tracking.tensorboard=false",
+                "tracking.sample_tokens=0",
+                "logging.console=false",
+            ],
+            environ={},
+        )
+        tokens_ref = write_shards(config, tokens=(steps + log_every) * batch * (seq + 1) + 200_000)
+        from pipeline.train.trainer import build_model_config
+
+        model_config = build_model_config(config, VOCAB)
+        stream = np.concatenate(
+            [np.fromfile(p, dtype=np.uint16) for p in sorted((tokens_ref.path / "train").glob("*.bin"))]
+        )
+        print(
+            f"model {preset} ({GPT(model_config).num_parameters() / 1e6:.2f}M parameters), batch {batch}x{seq}, "
+            f"{args.precision}, {steps} timed steps, {threads} torch threads",
+            flush=True,
+        )
+        before = plain_loop(config, model_config, stream, steps, warmup=log_every)
+        print(f"plain loop (before): {before:,.0f} tokens/s", flush=True)
+        ours, extra = our_trainer(config, root, log_every)
+        print(f"our trainer:         {ours:,.0f} tokens/s", flush=True)
+        after = plain_loop(config, model_config, stream, steps, warmup=log_every)
+        print(f"plain loop (after):  {after:,.0f} tokens/s", flush=True)
+    plain = (before + after) / 2
+    result = {
+        "tokens_per_s_ratio_vs_plain_loop": round(ours / plain, 4),
+        "trainer_tokens_per_s": round(ours, 1),
+        "plain_loop_tokens_per_s": round(plain, 1),
+        "plain_loop_before_after": [round(before, 1), round(after, 1)],
+        "model": preset,
+        "parameters": extra["parameters"],
+        "batch": [batch, seq],
+        "precision": args.precision,
+        "timed_steps": steps,
+        "torch_threads": threads,
+        "cpus": os.cpu_count(),
+        "document_masking": args.document_masking,
+        "final_loss": extra["final_loss"],
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""Tokens/s and MFU of our trainer on one GPU: ``base`` and ``base-moe`` in bf16, with and without torch.compile.
+
+    python benchmarks/train_gpu.py               # one H200: four runs, under 5 minutes in all
+    python benchmarks/train_gpu.py --dry-run     # CPU, tiny shapes: exercises the same code path, no figures
+
+Each case is ``pipeline.train.trainer.Trainer`` as torchrun would run it (a one-rank group: NCCL on the GPU,
+gloo in the dry run) on synthetic token shards (uniform ids; the arithmetic does not depend on them), with
+document masking on, as in training. tokens/s and MFU are the trainer's own figures (``metrics.jsonl``):
+MFU = model FLOPs per token (``GPT.flops_per_token``: 6 x active matmul parameters + attention) x tokens/s
+/ the device's dense bf16 peak (989.4 TFLOP/s for an H100/H200, from
+``pipeline.train.components.metrics.PEAK_FLOPS_16BIT``). The first ``--log-every`` steps (which include
+compilation) are dropped. The last line printed is one JSON object.
+"""
+
+# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
+# `tokenize` (which torch imports): replace it by the repository root before any other import.
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pipeline.core.config import load_config  # noqa: E402
+from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
+from pipeline.tokenization.shards import ShardWriter  # noqa: E402
+
+SNAPSHOT = "bench"
+
+
+def write_shards(config, vocab_size: int, tokens: int) -> None:
+    rng = np.random.default_rng(0)
+    dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    with StageOutput(DatasetRef.of(config, "tokenize", SNAPSHOT), config, []) as out:
+        for split, count in (("train", tokens), ("validation", tokens // 50 + 10_000)):
+            (out.path / split).mkdir()
+            with ShardWriter(out.path / split / "shard-00000-0000", dtype) as writer:
+                written = 0
+                while written < count:
+                    length = int(rng.integers(200, 4000))
+                    document = rng.integers(1, vocab_size, length)
+                    document[-1] = 0
+                    writer.add_document(document.tolist())
+                    written += length
+        out.commit(extra={"vocab_size": vocab_size, "eos_id": 0, "pad_id": 1})
+
+
+def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
+    from pipeline.train.trainer import train
+
+    name = f"{preset}-{'compile' if compile_model else 'eager'}"
+    folder = root / name
+    overrides = [
+        f"project.data_root={folder / 'data'}",
+        f"model.preset={preset}",
+        f"train.steps={args.steps}",
+        f"train.batch_size={args.batch_size}",
+        f"train.seq_len={args.seq_len}",
+        "train.precision=bf16",
+        f"train.compile={str(compile_model).lower()}",
+        f"train.log_every={args.log_every}",
+        f"train.checkpoint_every={args.steps}",
+        "train.eval_sequences=8",
+        "train.histogram_every=0",
+        "tracking.stage_runs=false",
+        "tracking.tensorboard=false",
+        "tracking.sample_tokens=0",
+        "logging.console=false",
+        f"distributed.init_method=file://{folder / 'pg'}",
+        "distributed.rank=0",
+        "distributed.world_size=1",
+    ]
+    if args.dry_run:
+        # Stand-ins with the same structure (dense / MoE every other layer), small enough for a CPU.
+        small = "{hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, "
+        small += "intermediate_size: 128, vocab_size: 512}"
+        overrides += [f"model.overrides={small}", "train.peak_flops=1e12", "distributed.backend=gloo"]
+    config = load_config(None, overrides, environ={})
+    from pipeline.train.trainer import build_model_config
+
+    vocab = build_model_config(config, 512 if args.dry_run else 32_768).vocab_size
+    write_shards(config, vocab, tokens=args.steps * args.batch_size * (args.seq_len + 1) + 100_000)
+    started = time.perf_counter()
+    manifest = train(config, SNAPSHOT)
+    wall = time.perf_counter() - started
+    rows = [
+        json.loads(line)
+        for line in (DatasetRef.of(config, "train", SNAPSHOT).path / "metrics.jsonl").read_text().splitlines()
+    ]
+    timed = [row for row in rows if "tokens_per_s" in row][1:]  # the first interval holds compilation
+    seconds = sum(row["step_time_s"] * args.log_every for row in timed)
+    tokens_per_s = sum(row["tokens"] for row in timed) / seconds
+    mfu = [row["mfu"] for row in timed if "mfu" in row]
+    result = {
+        "case": name,
+        "tokens_per_s": round(tokens_per_s, 1),
+        "mfu": round(float(np.mean(mfu)), 4) if mfu else None,
+        "parameters": manifest.extra["parameters"],
+        "active_parameters": manifest.extra["active_parameters"],
+        "flops_per_token": manifest.extra["flops_per_token"],
+        "memory_gb": rows[-1].get("memory_gb"),
+        "final_loss": manifest.extra["final_loss"],
+        "wall_s": round(wall, 1),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; the figures mean nothing")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.steps = args.steps or 6
+        args.batch_size = args.batch_size or 2
+        args.seq_len = args.seq_len or 64
+        args.log_every = min(args.log_every, 2)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no GPU visible: run with --dry-run to exercise the code path on the CPU")
+        args.steps = args.steps or 60
+        args.batch_size = args.batch_size or 16
+        args.seq_len = args.seq_len or 2048
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "cpu"
+    compile_options = [False] if args.no_compile else [False, True]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="train-gpu-bench-") as folder:
+        for preset in ("base", "base-moe"):
+            for compile_model in compile_options:
+                results.append(run_case(Path(folder), preset, compile_model, args))
+    summary = {
+        "device": device,
+        "dry_run": args.dry_run,
+        "batch": [args.batch_size, args.seq_len],
+        "precision": "bf16",
+        "cases": {r["case"]: {k: v for k, v in r.items() if k != "case"} for r in results},
+    }
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
