@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -29,7 +30,12 @@ def uninterrupted(tmp_path_factory):
     config = single_process(train_config(root / "data", *SETTINGS), root)
     write_token_corpus(config, SNAPSHOT)
     manifest = train(config, SNAPSHOT)
-    final = Checkpointer(DatasetRef.of(config, "train", SNAPSHOT).path / "checkpoints").load(9)
+    output = DatasetRef.of(config, "train", SNAPSHOT).path
+    final = Checkpointer(output / "checkpoints").load(9)
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    # fp16: the GradScaler's scale is logged every step, next to the count of skipped steps.
+    assert all(row["loss_scale"] > 0 and row["skipped_steps"] >= 0 for row in rows)
+    assert rows[-1]["loss_scale"] == final["precision"]["scaler"]["scale"]
     return losses(config, SNAPSHOT), final, manifest
 
 
