@@ -6,8 +6,9 @@
 Both sides train ``pipeline.model.GPT`` (preset ``--preset``) on the same token shards, in this one process with
 the same torch threads, with AdamW (decay on matrices), gradient clipping and the same precision:
 
-- **plain loop**: nanoGPT's ``train.py`` reduced to its core: random windows from a memmap, forward under
-  autocast, backward, clip, step, zero_grad; no logging, no checkpoints, no process group;
+- **plain loop**: nanoGPT's ``train.py`` reduced to its core: random windows from a memmap, its warm-up +
+  cosine ``get_lr``, forward under autocast, backward, clip, step, zero_grad; no logging, no checkpoints,
+  no process group;
 - **our trainer**: ``pipeline.train.trainer.Trainer`` as torchrun would run it, as a one-rank gloo group:
   resumable data loader, LR schedule, skipped-step accounting, metrics every ``--log-every`` steps to
   metrics.jsonl and the ECS log line, a checkpoint and a validation pass at the end (held out of its own
@@ -32,6 +33,7 @@ sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -91,6 +93,16 @@ def plain_loop(config: PipelineConfig, model_config, tokens: np.ndarray, steps: 
     for step in range(warmup + steps):
         if step == warmup:
             started = time.perf_counter()
+        # nanoGPT's get_lr: linear warm-up, then cosine to min_lr (the same curve as the trainer's).
+        if step < train.warmup_steps:
+            lr = train.lr * (step + 1) / train.warmup_steps
+        else:
+            progress = min(1.0, (step - train.warmup_steps) / max(1, train.steps - train.warmup_steps))
+            lr = train.lr * (
+                train.min_lr_ratio + (1 - train.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+            )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         inputs, targets = get_batch()
         with precision.autocast():
             loss = model(inputs, targets).loss
