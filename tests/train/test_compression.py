@@ -69,6 +69,24 @@ def _int8_against_exact_mean(rank: int, world: int, out: Path) -> None:
         (out / "int8.json").write_text(json.dumps(result))
 
 
+def _zero1_stopped_and_resumed(root: Path) -> None:
+    """ZeRO-1 stopped by SIGTERM (rank 0 gets it) after step 12, then resumed: the sharded optimizer state
+    goes through the consolidated checkpoint and back into the shards."""
+    from pipeline.train.faults import ENV_FAULT
+    from pipeline.train.trainer import TrainingStopped, train
+
+    config = case_config(root / "resumed", "zero1")
+    os.environ[ENV_FAULT] = "SIGTERM@12"
+    try:
+        train(config, "compression")
+        raise AssertionError("the run was not stopped")
+    except TrainingStopped as stopped:
+        assert stopped.step == 12
+    finally:
+        del os.environ[ENV_FAULT]
+    train(config, "compression")
+
+
 def _worker(rank: int, world: int, root: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -79,6 +97,7 @@ def _worker(rank: int, world: int, root: str) -> None:
 
         for case in CASES:
             train(case_config(Path(root), case), "compression")
+        _zero1_stopped_and_resumed(Path(root))
     finally:
         dist.destroy_process_group()
 
@@ -88,6 +107,7 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("compression")
     for case in CASES:
         write_token_corpus(case_config(root, case), "compression")
+    write_token_corpus(case_config(root / "resumed", "zero1"), "compression")
     mp.spawn(_worker, args=(2, str(root)), nprocs=2, join=True)
     return root
 
@@ -123,3 +143,8 @@ def test_loss_curve_stays_within_tolerance_of_uncompressed(runs, case):
     if case == "powersgd":
         assert curve[-1] < curve[0] - 1.5
         assert last["comm/compression"] > 5  # rank-8 factors of every matrix gradient
+
+
+def test_zero1_run_stopped_and_resumed_repeats_the_uninterrupted_losses(runs):
+    uninterrupted = losses(case_config(runs, "zero1"), "compression")
+    assert losses(case_config(runs / "resumed", "zero1"), "compression") == uninterrupted
