@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
 from operators import CrawlOperator
 from operators.assets import TOKEN_SHARDS, token_shards_extra
 from operators.corpus import CORPUS_REPORTS, corpus_stage_tasks, crawl_shard_ids
-from operators.defaults import DEFAULT_ARGS
+from operators.defaults import DEFAULT_ARGS, run_params
 from pipeline.core.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 
@@ -30,20 +30,7 @@ from pipeline.core.manifest import MANIFEST_NAME, Manifest
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["pretrain", "corpus"],
-    params={
-        "snapshot": Param(
-            None, type=["null", "string"], description="snapshot name; empty means the logical date"
-        ),
-        "config_path": Param(
-            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
-        ),
-        "overrides": Param(
-            [],
-            type=["null", "array"],
-            items={"type": "string"},
-            description="config overrides such as crawl.max_pages=500",
-        ),
-    },
+    params=run_params("crawl.max_pages=500"),
 )
 def corpus_ingest():
     @task

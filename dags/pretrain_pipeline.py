@@ -8,11 +8,11 @@ and production run the same stages. Trigger it from the UI with a snapshot name,
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag
+from airflow.sdk import dag
 
 from operators import CrawlOperator, PipelineStageOperator, PyTorchJobOperator
 from operators.corpus import corpus_stage_tasks
-from operators.defaults import DEFAULT_ARGS
+from operators.defaults import DEFAULT_ARGS, run_params
 
 
 @dag(
@@ -24,20 +24,7 @@ from operators.defaults import DEFAULT_ARGS
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["pretrain", "demo"],
-    params={
-        "snapshot": Param(
-            None, type=["null", "string"], description="snapshot name; empty means the logical date"
-        ),
-        "config_path": Param(
-            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
-        ),
-        "overrides": Param(
-            [],
-            type=["null", "array"],
-            items={"type": "string"},
-            description="config overrides such as train.steps=100",
-        ),
-    },
+    params=run_params("train.steps=100"),
 )
 def pretrain_pipeline():
     crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge

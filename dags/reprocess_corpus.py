@@ -13,11 +13,11 @@ already processes each new day.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from operators.corpus import corpus_stage_tasks
-from operators.defaults import DEFAULT_ARGS
+from operators.defaults import DEFAULT_ARGS, run_params
 from pipeline.core.config import load_config
 from pipeline.core.storage import DatasetRef
 
@@ -32,20 +32,7 @@ from pipeline.core.storage import DatasetRef
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["pretrain", "corpus", "backfill"],
-    params={
-        "snapshot": Param(
-            None, type=["null", "string"], description="snapshot name; empty means the logical date"
-        ),
-        "config_path": Param(
-            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
-        ),
-        "overrides": Param(
-            [],
-            type=["null", "array"],
-            items={"type": "string"},
-            description="config overrides such as clean.min_chars=300",
-        ),
-    },
+    params=run_params("clean.min_chars=300"),
 )
 def reprocess_corpus():
     @task(retries=0)

@@ -1,8 +1,11 @@
-"""Task defaults every production DAG shares: retries with exponential backoff, and timeouts."""
+"""What every DAG shares: task retries with exponential backoff and timeouts, and the run's config params."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Param
 
 DEFAULT_ARGS = {
     "owner": "pretrain",
@@ -14,3 +17,21 @@ DEFAULT_ARGS = {
 }
 
 TRAINING_TIMEOUT = timedelta(hours=72)
+
+
+def run_params(example_override: str) -> dict[str, Any]:
+    """The params of a DAG run: its snapshot, config file and overrides (``example_override`` shows the form)."""
+    return {
+        "snapshot": Param(
+            None, type=["null", "string"], description="snapshot name; empty means the logical date"
+        ),
+        "config_path": Param(
+            None, type=["null", "string"], description="YAML config file; empty means built-in defaults"
+        ),
+        "overrides": Param(
+            [],
+            type=["null", "array"],
+            items={"type": "string"},
+            description=f"config overrides such as {example_override}",
+        ),
+    }
