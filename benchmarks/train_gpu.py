@@ -56,7 +56,8 @@ def write_shards(config, vocab_size: int, tokens: int) -> None:
 def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
     from pipeline.train.trainer import train
 
-    name = f"{preset}-{'compile' if compile_model else 'eager'}"
+    attention = "" if args.document_masking else "-causal"
+    name = f"{preset}-{'compile' if compile_model else 'eager'}{attention}"
     folder = root / name
     overrides = [
         f"project.data_root={folder / 'data'}",
@@ -65,6 +66,7 @@ def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
         f"train.batch_size={args.batch_size}",
         f"train.seq_len={args.seq_len}",
         "train.precision=bf16",
+        f"train.document_masking={str(args.document_masking).lower()}",
         f"train.compile={str(compile_model).lower()}",
         f"train.log_every={args.log_every}",
         f"train.checkpoint_every={args.steps}",
@@ -124,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
+    parser.add_argument(
+        "--presets", default="base,base-moe", help="comma-separated model presets (default: base,base-moe)"
+    )
+    parser.add_argument(
+        "--no-document-masking",
+        dest="document_masking",
+        action="store_false",
+        help="plain causal attention (SDPA's flash path) instead of attending within each packed document",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.dry_run:
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_options = [False] if args.no_compile else [False, True]
     results = []
     with tempfile.TemporaryDirectory(prefix="train-gpu-bench-") as folder:
-        for preset in ("base", "base-moe"):
+        for preset in args.presets.split(","):
             for compile_model in compile_options:
                 results.append(run_case(Path(folder), preset, compile_model, args))
     summary = {
@@ -149,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         "dry_run": args.dry_run,
         "batch": [args.batch_size, args.seq_len],
         "precision": "bf16",
+        "document_masking": args.document_masking,
+        "torch": torch.__version__,
         "cases": {r["case"]: {k: v for k, v in r.items() if k != "case"} for r in results},
     }
     if args.json:

@@ -341,16 +341,15 @@ class Trainer:
         self._loss_sum = loss_sum
         self._step_tokens = step_tokens
 
-    def optimizer_step(self) -> bool:
-        """Clip, step (unless a gradient is not finite) and advance the schedule; True when it stepped."""
-        self._grad_norm, stepped = self.precision.step(
+    def optimizer_step(self) -> None:
+        """Clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
+        self._grad_norm = self.precision.step(
             self.optimizer, self.model.parameters(), self.train_config.grad_clip
         )
         self.scheduler.step()
         self.step += 1
         self.tokens_seen += self._step_tokens
         self.throughput.add_step(self._step_tokens)
-        return stepped
 
     def train_step(self) -> None:
         self.forward_backward(self.next_batches())

@@ -167,20 +167,20 @@ def test_fp16_scaler_skips_a_step_with_an_injected_inf_and_counts_it():
 
     backward(poison=False)
     scale = precision.loss_scale
-    _, stepped = precision.step(optimizer, model.parameters(), max_norm=1.0)
-    assert stepped and precision.skipped_steps == 0
+    precision.step(optimizer, model.parameters(), max_norm=1.0)
+    assert precision.skipped_steps == 0
 
     before = [p.detach().clone() for p in model.parameters()]
     backward(poison=True)
-    norm, stepped = precision.step(optimizer, model.parameters(), max_norm=1.0)
-    assert not stepped and not math.isfinite(norm)
+    norm = precision.step(optimizer, model.parameters(), max_norm=1.0)
+    assert not math.isfinite(norm)
     assert precision.skipped_steps == 1
     assert precision.loss_scale == scale / 2  # GradScaler's backoff
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
     backward(poison=False)
-    _, stepped = precision.step(optimizer, model.parameters(), max_norm=1.0)
-    assert stepped and precision.skipped_steps == 1
+    precision.step(optimizer, model.parameters(), max_norm=1.0)
+    assert precision.skipped_steps == 1
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -193,8 +193,8 @@ def test_non_finite_gradient_skips_the_step_without_a_scaler(precision_name):
     precision.backward(loss)
     model[2].bias.grad[1] = math.nan
     before = [p.detach().clone() for p in model.parameters()]
-    _, stepped = precision.step(optimizer, model.parameters(), max_norm=1.0)
-    assert not stepped and precision.skipped_steps == 1 and precision.loss_scale is None
+    precision.step(optimizer, model.parameters(), max_norm=1.0)
+    assert precision.skipped_steps == 1 and precision.loss_scale is None
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -204,7 +204,7 @@ def test_clipping_bounds_the_global_norm_and_reports_it_unclipped():
     precision.backward(model(torch.randn(16, 8) * 100).pow(2).mean())
     grads = [p.grad.clone() for p in model.parameters()]
     expected = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-    norm, _ = precision.step(optimizer, model.parameters(), max_norm=0.5)
+    norm = precision.step(optimizer, model.parameters(), max_norm=0.5)
     assert float(norm) == pytest.approx(float(expected), rel=1e-5)
     clipped = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
     assert float(clipped) == pytest.approx(0.5, rel=1e-4)
@@ -261,3 +261,35 @@ def test_fault_spec_parsing():
     assert Fault.parse("SIGTERM@5:rank=0:to=launcher").to == "launcher"
     with pytest.raises(ValueError, match="expected <SIGNAL>@<step>"):
         Fault.parse("KILL@x")
+
+
+def test_fused_adamw_skips_on_the_device_and_otherwise_matches_the_host_decision():
+    """The sync-free path (fused AdamW, as on CUDA; the fused kernel exists on CPU too) against the plain one:
+    same parameters after finite steps, nothing changed (moments and step counts included) by a NaN step."""
+    fused_model, _ = model_and_optimizer(2)
+    plain_model, _ = model_and_optimizer(2)
+    fused = torch.optim.AdamW(fused_model.parameters(), lr=1e-2, fused=True)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-2)
+    fused_precision = MixedPrecision("fp32", torch.device("cpu"))
+    plain_precision = MixedPrecision("fp32", torch.device("cpu"))
+    generator = torch.Generator().manual_seed(3)
+    for step, poison in enumerate([False, True, False, True, True, False]):
+        inputs = torch.randn(16, 8, generator=generator)
+        for model, optimizer, precision in (
+            (fused_model, fused, fused_precision),
+            (plain_model, plain, plain_precision),
+        ):
+            optimizer.zero_grad()
+            model(inputs).pow(2).mean().backward()
+            if poison:
+                model[0].weight.grad[step % 8, 0] = math.inf if step % 2 else math.nan
+            before = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()} if step else None
+            precision.step(optimizer, model.parameters(), max_norm=0.5)
+            if poison:
+                after = optimizer.state_dict()["state"][0]
+                assert all(torch.equal(before[k], after[k]) for k in before)
+        for a, b in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert fused_precision._skipped_on_device is not None  # the device path was the one taken
+    assert fused_precision.skipped_steps == plain_precision.skipped_steps == 3
+    assert fused_precision.state_dict()["skipped_steps"] == 3

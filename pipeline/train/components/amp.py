@@ -2,6 +2,9 @@
 
 A step whose gradients hold inf or NaN is skipped in every precision: with fp16 the GradScaler finds it (and
 lowers its scale), otherwise the global gradient norm is not finite. Skipped steps are counted.
+
+With a fused optimizer (AdamW on CUDA) the skip happens on the device: the kernel is handed a ``found_inf``
+flag, as GradScaler does, so no step waits for the GPU to tell the host whether the norm was finite.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ class MixedPrecision:
         self.device_type = device.type
         self.dtype = DTYPES.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-        self.skipped_steps = 0
+        self._skipped_on_host = 0
+        self._skipped_on_device: torch.Tensor | None = None  # summed flags of the sync-free path
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped so far; reading it waits for the device when the sync-free path is in use."""
+        on_device = int(self._skipped_on_device.item()) if self._skipped_on_device is not None else 0
+        return self._skipped_on_host + on_device
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
@@ -35,10 +45,10 @@ class MixedPrecision:
 
     def step(
         self, optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor], max_norm: float
-    ) -> tuple[torch.Tensor, bool]:
+    ) -> torch.Tensor:
         """Unscale, clip to ``max_norm`` (0: no clipping) and step unless a gradient is not finite.
 
-        Returns (the global gradient norm before clipping, whether the optimizer stepped).
+        Returns the global gradient norm before clipping; ``skipped_steps`` counts the steps not taken.
         """
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
@@ -50,14 +60,19 @@ class MixedPrecision:
             scale = self.scaler.get_scale()
             self.scaler.step(optimizer)
             self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale  # the scaler backs off exactly when it skipped
+            if self.scaler.get_scale() < scale:  # the scaler backs off exactly when it skipped
+                self._skipped_on_host += 1
+        elif _is_fused(optimizer):
+            found_inf = (~torch.isfinite(norm)).float()
+            _step_unless(optimizer, found_inf)
+            if self._skipped_on_device is None:
+                self._skipped_on_device = torch.zeros((), device=found_inf.device)
+            self._skipped_on_device += found_inf
+        elif bool(torch.isfinite(norm)):
+            optimizer.step()
         else:
-            stepped = bool(torch.isfinite(norm))
-            if stepped:
-                optimizer.step()
-        if not stepped:
-            self.skipped_steps += 1
-        return norm, stepped
+            self._skipped_on_host += 1
+        return norm
 
     @property
     def loss_scale(self) -> float | None:
@@ -70,6 +85,21 @@ class MixedPrecision:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._skipped_on_host = int(state.get("skipped_steps", 0))
+        self._skipped_on_device = None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    return bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """Fused Adam(W) reads these attributes, as GradScaler sets them: a non-zero flag leaves parameters,
+    moments and step counts as they were, decided on the device."""
+    optimizer.grad_scale, optimizer.found_inf = None, found_inf
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf

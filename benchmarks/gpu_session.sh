@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Everything the GPU figures need, in one go on one H200 (or any sm_90 card), most important first:
+# build cuda_ext with its CUDA kernels, train_gpu.py (issue 8), the GPU tests and gpu_kernels.py (issue 10),
+# then train_gpu.py's dense preset with plain causal attention. Each step gets its own time limit inside
+# one overall deadline, so a slow step costs the later ones, not the whole session.
+#
+#   benchmarks/gpu_session.sh [OUTPUT_DIR]      # default: $OUT, else benchmarks/out/gpu_session
+#   DEADLINE_S=540 PYTHON=python3 benchmarks/gpu_session.sh
+#
+# Offline: packages the machine's Python lacks (pydantic and its needs) can sit as wheels in .whl/.
+set -u
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-benchmarks/out/gpu_session}}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+deadline=$(($(date +%s) + ${DEADLINE_S:-540}))
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+{
+    date -u +%FT%TZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+} 2>&1 | tee "$out/session.log"
+
+# step NAME LIMIT_S COMMAND...: output to $out/NAME.log, its tail and exit status to the session log.
+step() {
+    local name=$1 limit=$2 left started status
+    shift 2
+    left=$((deadline - $(date +%s)))
+    ((left < limit)) && limit=$left
+    if ((limit < 10)); then
+        echo "=== $name: skipped, the session's deadline is near" | tee -a "$out/session.log"
+        return
+    fi
+    started=$(date +%s)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    status=$?
+    {
+        echo "=== $name: exit $status after $(($(date +%s) - started)) s (limit $limit s)"
+        tail -n 30 "$out/$name.log"
+    } | tee -a "$out/session.log"
+}
+
+step build 150 env PRETRAIN_BUILD_CUDA=1 PRETRAIN_CUDA_ARCHS=90 "$py" setup.py -q build_ext --inplace
+step train_gpu 270 "$py" benchmarks/train_gpu.py
+step test_gpu 90 "$py" -m pytest -q -p no:cacheprovider tests/cuda_ext/test_gpu.py tests/train/test_components.py
+step gpu_kernels 150 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
+step train_gpu_causal 120 "$py" benchmarks/train_gpu.py --presets base --no-document-masking
