@@ -39,6 +39,12 @@ class FusedRoutingPlan(RoutingPlan):
     grouped_position: torch.Tensor | None = field(default=None, repr=False)  # int32 [T, k], -1 = dropped
 
 
+# Dynamo cannot see into the pybind11 calls (and gets the CUDA stream object wrong tracing around them):
+# under torch.compile each routing call is a graph break that runs eagerly. Routing syncs with the host
+# for the expert offsets anyway.
+_eager_only = torch.compiler.disable
+
+
 def _kernel_ready(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.contiguous()
     if tensor.numel() and tensor.data_ptr() % kernels.ALIGNMENT:
@@ -109,6 +115,7 @@ class _Unpermute(torch.autograd.Function):
         return grad_rows, grad_weights, None
 
 
+@_eager_only
 def route(
     logits: torch.Tensor,
     top_k: int,
@@ -134,6 +141,7 @@ def route(
     )
 
 
+@_eager_only
 def permute(hidden: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """Gather token rows [T, ...] into the expert-grouped order [N, ...]."""
     if hidden.dim() < 1 or hidden.shape[0] != plan.num_tokens:
@@ -145,6 +153,7 @@ def permute(hidden: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     return out.view(out.shape[0], *hidden.shape[1:])
 
 
+@_eager_only
 def unpermute(expert_output: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """Weighted combine of grouped rows [N, H] back to tokens [T, H]; dropped assignments add nothing."""
     if expert_output.dim() != 2 or expert_output.shape[0] != plan.source_index.numel():

@@ -205,3 +205,24 @@ def test_fused_routing_matches_the_reference_when_built():
     x = torch.randn(2, 13, 16)
     torch.testing.assert_close(fused(x)[0], reference(x)[0])
     assert torch.equal(fused.stats.tokens_per_expert.cpu(), reference.stats.tokens_per_expert.cpu())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compiled_moe_model_matches_eager_with_each_routing_backend(device):
+    """torch.compile around the model, routing included (fused routing runs eagerly inside the graph)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    torch._dynamo.reset()
+    for fused in (False, True):
+        torch.manual_seed(9)
+        model = GPT(moe_config(moe_fused_routing=fused, num_hidden_layers=2)).to(device)
+        compiled = torch.compile(model)
+        tokens = torch.randint(0, model.config.vocab_size, (2, 24), device=device)
+        results = []
+        for forward in (model, compiled):
+            model.zero_grad(set_to_none=True)
+            out = forward(tokens[:, :-1], tokens[:, 1:])
+            out.loss.backward()
+            results.append([out.loss.detach(), *(p.grad.clone() for p in model.parameters())])
+        for got, want in zip(*results, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
