@@ -125,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
+    parser.add_argument(
+        "--modes",
+        default="eager,compile",
+        help="comma-separated: eager, compile (torch.compile); default both",
+    )
     parser.add_argument(
         "--presets", default="base,base-moe", help="comma-separated model presets (default: base,base-moe)"
     )
@@ -149,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_size = args.batch_size or 16
         args.seq_len = args.seq_len or 2048
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "cpu"
-    compile_options = [False] if args.no_compile else [False, True]
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"eager", "compile"}:
+        parser.error(f"--modes takes eager and/or compile, got {args.modes!r}")
+    compile_options = [mode == "compile" for mode in modes]
     results = []
     with tempfile.TemporaryDirectory(prefix="train-gpu-bench-") as folder:
         for preset in args.presets.split(","):

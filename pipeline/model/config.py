@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 ATTENTION_PATTERNS = ("causal", "sliding_window", "blockwise")
+ATTENTION_KERNELS = ("auto", "sdpa")
 NORMS = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("swiglu", "gelu")
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -40,6 +41,9 @@ class GPTConfig:
     attention_block_size: int = 64
     attention_local_blocks: int = 1
     attention_global_tokens: int = 0
+    # "auto": masked attention (documents, local patterns) runs as FlexAttention on CUDA, which skips the
+    # blocks the mask empties; SDPA with a dense boolean mask elsewhere. "sdpa": always the dense mask.
+    attention_kernel: str = "auto"
 
     # Mixture of experts. num_experts = 0 keeps every MLP dense. MoE layers are moe_layers when given,
     # else every moe_every_n_layers-th layer counting from 1 (2 -> layers 1, 3, 5, ... zero-based).
@@ -102,6 +106,10 @@ class GPTConfig:
                 self.attention_window is None,
                 f"attention_window is set but attention_pattern is {pattern!r}; use 'sliding_window'",
             )
+        _require(
+            self.attention_kernel in ATTENTION_KERNELS,
+            f"attention_kernel must be one of {ATTENTION_KERNELS}, got {self.attention_kernel!r}",
+        )
         _require(
             self.attention_block_size >= 1,
             f"attention_block_size must be >= 1, got {self.attention_block_size}",

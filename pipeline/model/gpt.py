@@ -1,18 +1,21 @@
 """A decoder-only Transformer in one file.
 
 RMSNorm, rotary position embeddings, grouped-query attention through ``scaled_dot_product_attention`` with
-causal / sliding-window / blockwise masks and packed-document boundaries, SwiGLU MLPs or top-k mixtures of
-experts, activation checkpointing, and KV-cache generation.
+causal / sliding-window / blockwise masks and packed-document boundaries (on CUDA, masked attention runs as
+FlexAttention, which skips what the mask empties), SwiGLU MLPs or top-k mixtures of experts, activation
+checkpointing, and KV-cache generation.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model.config import GPTConfig
@@ -81,6 +84,50 @@ def attention_mask(
     return allowed[:, None]
 
 
+def attention_mask_mod(config: GPTConfig, document_ids: torch.Tensor | None = None):
+    """``attention_mask`` as a FlexAttention mask_mod (b, h, q, k) -> bool, for queries and keys 0 .. seq - 1."""
+    pattern, window = config.attention_pattern, config.attention_window
+    block_size, local_blocks = config.attention_block_size, config.attention_local_blocks
+    global_tokens = config.attention_global_tokens
+    key_rank = None
+    if global_tokens and document_ids is not None:
+        key_rank = position_in_document(document_ids)
+
+    def mask_mod(b, h, q, k):
+        causal = k <= q
+        allowed = causal
+        if pattern == "sliding_window":
+            allowed = allowed & (q - k < window)
+        elif pattern == "blockwise":
+            allowed = allowed & (q // block_size - k // block_size <= local_blocks)
+        if document_ids is not None:
+            same_document = document_ids[b, q] == document_ids[b, k]
+            allowed, causal = allowed & same_document, causal & same_document
+        if global_tokens:
+            rank = key_rank[b, k] if key_rank is not None else k
+            allowed = allowed | (causal & (rank < global_tokens))
+        return allowed
+
+    return mask_mod
+
+
+def _compiled(function):
+    """Compiled, FlexAttention generates one fused kernel for the mask (eager, it would build the full score
+    matrix). Inside a compiled model the plain function is traced into the model's graph."""
+    return function if torch.compiler.is_compiling() else _compile_once(function)
+
+
+@functools.cache
+def _compile_once(function):
+    return torch.compile(function, dynamic=False)  # on first use: importing torch._dynamo costs seconds
+
+
+def flex_block_mask(config: GPTConfig, seq: int, document_ids: torch.Tensor | None, device) -> BlockMask:
+    batch = document_ids.shape[0] if document_ids is not None else None
+    mask_mod = attention_mask_mod(config, document_ids)
+    return _compiled(create_block_mask)(mask_mod, batch, None, seq, seq, device=device)
+
+
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -135,7 +182,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | BlockMask | None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         """mask None means plain causal with queries aligned to the last keys (see GPT._attention_mask)."""
@@ -145,6 +192,13 @@ class Attention(nn.Module):
         q, k, v = apply_rope(q, cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
+        if isinstance(mask, BlockMask):
+            # q, k, v already hold autocast's dtype; Flex runs in it, outside autocast's casting rules.
+            with torch.autocast(q.device.type, enabled=False):
+                y = _compiled(flex_attention)(
+                    q, k, v, block_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+                )
+            return self.o_proj(y.transpose(1, 2).reshape(batch, seq, -1))
         y = F.scaled_dot_product_attention(
             q,
             k,
@@ -338,7 +392,7 @@ class GPT(nn.Module):
             if cache is not None:
                 raise ValueError("document_ids are not supported together with a KV cache")
         cos, sin = self.rope(offset, seq)
-        mask = self._attention_mask(offset, seq, document_ids, input_ids.device)
+        mask = self._attention_mask(offset, seq, document_ids, input_ids.device, cache is not None)
         recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
 
         x = self.dropout(self.embed_tokens(input_ids))
@@ -370,12 +424,28 @@ class GPT(nn.Module):
         return out
 
     def _attention_mask(
-        self, offset: int, seq: int, document_ids: torch.Tensor | None, device: torch.device
-    ) -> torch.Tensor | None:
-        """Built once per forward for all layers; None where SDPA's own causal path (or no mask) is exact."""
+        self,
+        offset: int,
+        seq: int,
+        document_ids: torch.Tensor | None,
+        device: torch.device,
+        cached: bool = False,
+    ) -> torch.Tensor | BlockMask | None:
+        """Built once per forward for all layers; None where SDPA's own causal path (or no mask) is exact.
+
+        A BlockMask (FlexAttention) on CUDA without a KV cache, unless dropout is active (Flex has none).
+        """
         plain_causal = self.config.attention_pattern == "causal" and document_ids is None
         if plain_causal and (offset == 0 or seq == 1):
             return None
+        dropout_active = self.training and self.config.dropout > 0
+        if (
+            self.config.attention_kernel == "auto"
+            and device.type == "cuda"
+            and not cached
+            and not dropout_active
+        ):
+            return flex_block_mask(self.config, seq, document_ids, device)
         positions = torch.arange(offset + seq, device=device)
         return attention_mask(self.config, positions[offset:], positions, document_ids)
 

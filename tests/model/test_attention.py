@@ -6,9 +6,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention.flex_attention import create_mask
 
 from pipeline.model import model_config
-from pipeline.model.gpt import GPT, Attention, KVCache, RotaryEmbedding, apply_rope, attention_mask
+from pipeline.model.gpt import (
+    GPT,
+    Attention,
+    KVCache,
+    RotaryEmbedding,
+    apply_rope,
+    attention_mask,
+    attention_mask_mod,
+    flex_block_mask,
+)
 
 PATTERNS = {
     "causal": {},
@@ -122,6 +132,8 @@ def test_mask_matches_dense_reference(
     mask = attention_mask(config, positions, positions, document_ids)
     assert mask.dtype == torch.bool and mask.shape == (1, 1, seq, seq)
     assert torch.equal(mask[0, 0], reference_mask(config, seq, docs))
+    flex_mask = create_mask(attention_mask_mod(config, document_ids), 1, 1, seq, seq, device="cpu")
+    assert torch.equal(flex_mask[0, 0], reference_mask(config, seq, docs))  # what FlexAttention sees on CUDA
     if docs is None:
         expected_keys = reference_mask(config, seq).sum().item() / seq
         assert config.mean_attended_keys(seq) == pytest.approx(expected_keys)
@@ -233,3 +245,40 @@ def test_attention_inputs_are_checked():
         model(torch.randint(0, 50, (1, 17)))
     with pytest.raises(ValueError, match="document_ids shape"):
         model(tokens, document_ids=torch.zeros(2, 7, dtype=torch.long))
+
+
+@pytest.mark.parametrize(("pattern", "kv_heads"), [("sliding_window_global", 2), ("blockwise", 1)])
+def test_flex_attention_forward_equals_the_dense_mask(pattern, kv_heads):
+    """The FlexAttention path the model takes on CUDA, run forward on the CPU (Flex has no CPU backward)."""
+    torch.manual_seed(11)
+    config = model_config("tiny", hidden_size=32, num_key_value_heads=kv_heads, **PATTERNS[pattern])
+    attn = Attention(config, layer_idx=0)
+    x = torch.randn(2, 19, 32)
+    document_ids = torch.tensor([[0] * 6 + [1] * 13, [4] * 11 + [9] * 8])
+    rope = RotaryEmbedding(config.head_dim, 64, config.rope_theta)
+    positions = torch.arange(19)
+    with torch.no_grad():
+        dense = attn(x, *rope(0, 19), attention_mask(config, positions, positions, document_ids))
+        flex = attn(x, *rope(0, 19), flex_block_mask(config, 19, document_ids, "cpu"))
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention is the CUDA path")
+@pytest.mark.parametrize(
+    ("pattern", "compiled"), [*((p, False) for p in sorted(PATTERNS)), ("sliding_window_global", True)]
+)
+def test_model_on_cuda_flex_and_dense_mask_agree_forward_and_backward(pattern, compiled):
+    torch.manual_seed(12)
+    config = model_config("tiny", vocab_size=97, num_key_value_heads=2, **PATTERNS[pattern])
+    tokens = torch.randint(0, 97, (2, 65), device="cuda")
+    document_ids = torch.cat([torch.zeros(2, 20), torch.ones(2, 44)], dim=1).long().cuda()
+    results = []
+    for kernel in ("auto", "sdpa"):
+        torch.manual_seed(13)
+        model = GPT(config.with_overrides(attention_kernel=kernel)).cuda()
+        forward = torch.compile(model) if compiled and kernel == "auto" else model
+        out = forward(tokens[:, :-1], tokens[:, 1:], document_ids)
+        out.loss.backward()
+        results.append([out.logits.detach(), *(p.grad for p in model.parameters())])
+    for flex, dense in zip(*results, strict=True):
+        torch.testing.assert_close(flex, dense, rtol=2e-4, atol=2e-5)
