@@ -14,6 +14,11 @@ the same torch threads, with AdamW (decay on matrices), gradient clipping and th
   metrics.jsonl and the ECS log line, a checkpoint and a validation pass at the end (held out of its own
   tokens/s, like the plain loop does not have them at all).
 
+Both sides run under the same host allocator settings: the trainer pins glibc malloc's mmap and trim
+thresholds on the CPU (``train.keep_host_memory``, ``pipeline/train/host_memory.py``), so the script does the
+same before the plain loop runs; ``--default-malloc`` leaves malloc alone on both sides (then the figures
+depend on each side's allocation history: benchmarks/RESULTS.md).
+
 The plain loop runs before and after the trainer, and the mean of the two is used (to even out drift in
 machine load). Both use ``--threads`` torch threads (default 1): on a shared 2-core machine, intra-op thread
 pools spin-wait on each other and a neighbour's load makes 2-thread figures swing by 10x between runs, while
@@ -47,6 +52,7 @@ from pipeline.model.gpt import GPT  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 from pipeline.train.components.amp import MixedPrecision  # noqa: E402
 from pipeline.train.components.optimizer import parameter_groups  # noqa: E402
+from pipeline.train.host_memory import keep_freed_host_memory  # noqa: E402
 
 SNAPSHOT = "bench"
 VOCAB = 2048
@@ -146,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--document-masking", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for both sides")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc malloc's thresholds alone on both sides (train.keep_host_memory=false)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
     args = parser.parse_args(argv)
 
@@ -154,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     batch, seq = (8, 256) if args.quick else (16, 256)
     log_every = 10
     torch.set_num_threads(args.threads)
+    host_memory_kept = not args.default_malloc and keep_freed_host_memory()
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="train-bench-") as folder:
         root = Path(folder)
@@ -175,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tracking.tensorboard=false",
                 "tracking.sample_tokens=0",
                 "logging.console=false",
+                f"train.keep_host_memory={str(not args.default_malloc).lower()}",
             ],
             environ={},
         )
@@ -187,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"model {preset} ({GPT(model_config).num_parameters() / 1e6:.2f}M parameters), batch {batch}x{seq}, "
-            f"{args.precision}, {steps} timed steps, {threads} torch threads",
+            f"{args.precision}, {steps} timed steps, {threads} torch threads, "
+            f"malloc thresholds {'pinned' if host_memory_kept else 'left alone'}",
             flush=True,
         )
         before = plain_loop(config, model_config, stream, steps, warmup=log_every)
@@ -210,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": threads,
         "cpus": os.cpu_count(),
         "document_masking": args.document_masking,
+        "host_memory_kept": host_memory_kept,
         "final_loss": extra["final_loss"],
     }
     if args.json:

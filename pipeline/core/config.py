@@ -435,6 +435,11 @@ class TrainConfig(Section):
         True, description="attend only within each packed document (the loader's document_ids)"
     )
     compile: bool = Field(False, description="torch.compile the model")
+    keep_host_memory: bool = Field(
+        True,
+        description="CPU training on glibc: keep memory freed after a step for the next one instead of "
+        "returning it to the OS and page-faulting it back (pins malloc's mmap and trim thresholds)",
+    )
     log_every: int = Field(1, gt=0, description="log metrics every N steps (and the last)")
     eval_every: int = Field(0, ge=0, description="validation loss every N steps; 0: only at the end")
     eval_sequences: int = Field(64, gt=0, description="validation windows per evaluation (all ranks)")

@@ -53,6 +53,7 @@ from pipeline.train.components.metrics import (
 from pipeline.train.components.optimizer import build_optimizer, optimizer_state_dict
 from pipeline.train.compression import build_compression, move_state_to
 from pipeline.train.faults import fault_for, maybe_inject
+from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,8 @@ class Trainer:
     def _build(self, input_stage: str) -> None:
         config, train, ctx = self.config, self.train_config, self.ctx
         self.device = ctx.device
+        if self.device.type == "cpu" and train.keep_host_memory and keep_freed_host_memory():
+            log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
         self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
         tokens_manifest = self.tokens_ref.manifest()
         self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
