@@ -16,6 +16,8 @@ import logging
 import os
 import re
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,12 @@ def fault_for(rank: int, environ: dict[str, str] | None = None) -> Fault | None:
     return fault
 
 
-def maybe_inject(fault: Fault | None, step: int) -> None:
+def maybe_inject(
+    fault: Fault | None, step: int, delivered: Callable[[], bool] | None = None, wait_s: float = 60.0
+) -> None:
+    """Send the fault's signal after ``step``. Sent to the launcher, which passes SIGTERM on to every worker,
+    it waits until ``delivered()`` says this rank got it too, so the ranks agree to stop after this very step
+    rather than whichever step the forwarded signal happens to reach."""
     if fault is None or step != fault.step:
         return
     target = os.getppid() if fault.to == "launcher" else os.getpid()
@@ -65,3 +72,11 @@ def maybe_inject(fault: Fault | None, step: int) -> None:
     for handler in logging.getLogger().handlers:
         handler.flush()
     os.kill(target, fault.signal)
+    if fault.to == "launcher" and delivered is not None:
+        deadline = time.monotonic() + wait_s
+        while not delivered() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not delivered():
+            log.warning(
+                "fault injection: the launcher did not pass %s on within %.0f s", fault.signal.name, wait_s
+            )

@@ -460,7 +460,7 @@ class Trainer:
                 while self.step < train.steps:
                     self.train_step()
                     progress.update(1)
-                    maybe_inject(self.fault, self.step)
+                    maybe_inject(self.fault, self.step, delivered=lambda: stop.received)
                     stopping = ctx.any_rank(stop.received)
                     last = self.step == train.steps
                     figures: dict[str, float] = {}
