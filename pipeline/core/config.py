@@ -57,6 +57,9 @@ class CrawlConfig(Section):
     )
     autothrottle_target_concurrency: float = Field(2.0, gt=0)
     autothrottle_max_delay: float = Field(30.0, gt=0)
+    max_crawl_delay: float = Field(
+        30.0, ge=0, description="robots.txt Crawl-delay is honoured up to this many seconds per request"
+    )
     concurrent_requests: int = Field(32, gt=0, description="in flight over all sites")
     concurrent_requests_per_domain: int = Field(4, gt=0)
     download_timeout: float = Field(15.0, gt=0)

@@ -280,7 +280,12 @@ def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
         "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
         "URLLENGTH_LIMIT": 0,
         "ITEM_PIPELINES": {"pipeline.crawl.crawler.WarcJournalPipeline": 100},
-        "EXTENSIONS": {f"{here}.ResponseLimits": 0, f"{here}.ProgressLog": 0},
+        "EXTENSIONS": {
+            f"{here}.ResponseLimits": 0,
+            f"{here}.ProgressLog": 0,
+            "scrapy.extensions.throttle.AutoThrottle": None,
+            f"{here}.PoliteAutoThrottle": 0,
+        },
         "DOWNLOADER_MIDDLEWARES": {
             f"{here}.AddressGuardMiddleware": 40,
             f"{base}.robotstxt.RobotsTxtMiddleware": None,
@@ -293,6 +298,7 @@ def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
             f"{here}.FrontierRedirectMiddleware": 600,
         },
         "CRAWL_PROGRESS_INTERVAL": 10.0,
+        "CRAWL_MAX_CRAWL_DELAY": 30.0,
         "CRAWL_RETRY_BACKOFF": 1.0,
         "CRAWL_RETRY_BACKOFF_MAX": 60.0,
         "CRAWL_SEED": 0,

@@ -17,6 +17,7 @@ from scrapy.downloadermiddlewares.redirect import MetaRefreshMiddleware, Redirec
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, StopDownload
+from scrapy.extensions.throttle import AutoThrottle
 from scrapy.resolver import CachingThreadedResolver
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
@@ -122,7 +123,8 @@ class AddressGuardMiddleware:
 
 
 class RobotsPolicyMiddleware(RobotsTxtMiddleware):
-    """Scrapy's robots.txt handling, plus RFC 9309's rule that a 5xx/429 robots.txt means "disallow all".
+    """Scrapy's robots.txt handling, plus RFC 9309's rule that a 5xx/429 robots.txt means "disallow all",
+    plus ``Crawl-delay``: it becomes the floor of that site's download delay (capped at CRAWL_MAX_CRAWL_DELAY).
 
     Disallowed requests fail with the reason ``robots_disallowed`` (Scrapy raises a bare IgnoreRequest).
     """
@@ -132,6 +134,7 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler) -> None:
         super().__init__(crawler)
         self._unavailable: dict[str, int] = {}  # netloc -> the status its robots.txt answered
+        self.max_crawl_delay = crawler.settings.getfloat("CRAWL_MAX_CRAWL_DELAY", 30.0)
 
     def process_request_2(self, rp, request) -> None:
         netloc = urlparse_cached(request).netloc
@@ -151,6 +154,53 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
         elif response.status >= 400:  # no robots.txt: everything is allowed
             response = response.replace(body=b"")
         await super()._parse_robots(response, netloc, request)
+        self._apply_crawl_delay(netloc, request)
+
+    def _apply_crawl_delay(self, netloc: str, request) -> None:
+        crawl_delay = getattr(self._parsers.get(netloc), "crawl_delay", None)
+        useragent = self._robotstxt_useragent or request.headers.get(b"User-Agent", self._default_useragent)
+        delay = crawl_delay(useragent) if crawl_delay is not None else None
+        if not delay or delay <= 0:
+            return
+        if delay > self.max_crawl_delay:
+            log.warning(
+                "robots.txt of %s asks for Crawl-delay %.0f s; keeping to CRAWL_MAX_CRAWL_DELAY (%.0f s)",
+                netloc,
+                delay,
+                self.max_crawl_delay,
+            )
+            self._stats.inc_value("robotstxt/crawl_delay_capped")
+            delay = self.max_crawl_delay
+        set_delay_floor(self.crawler.engine.downloader, request, delay)
+        self._stats.inc_value("robotstxt/crawl_delay_honoured")
+        log.info("robots.txt of %s: Crawl-delay %.2f s", netloc, delay)
+
+
+def set_delay_floor(downloader, request, delay: float) -> None:
+    """The least delay between requests of ``request``'s download slot, for its slot now and if recreated.
+
+    Without jitter: Scrapy's default varies each delay by +-50%, which would undercut the floor.
+    """
+    key = downloader.get_slot_key(request)
+    slot_settings = downloader.per_slot_settings.setdefault(key, {})
+    slot_settings["delay"] = max(slot_settings.get("delay", 0.0), delay)
+    slot_settings["jitter"] = 0.0
+    slot = downloader.slots.get(key)
+    if slot is not None:
+        slot.delay, slot.jitter = max(slot.delay, delay), 0.0
+
+
+def delay_floor(downloader, slot_key: str | None) -> float:
+    return downloader.per_slot_settings.get(slot_key, {}).get("delay", 0.0) if slot_key else 0.0
+
+
+class PoliteAutoThrottle(AutoThrottle):
+    """AutoThrottle that never goes below a site's Crawl-delay (Scrapy's lowers it to DOWNLOAD_DELAY)."""
+
+    def _adjust_delay(self, slot, latency: float, response) -> None:
+        super()._adjust_delay(slot, latency, response)
+        floor = delay_floor(self.crawler.engine.downloader, response.meta.get("download_slot"))
+        slot.delay = max(slot.delay, floor)
 
 
 def retry_after_seconds(value: bytes | str | None, now: float | None = None) -> float | None:

@@ -57,6 +57,7 @@ def spider_settings(config: PipelineConfig, sample_site: bool = False) -> dict[s
         "RETRY_HTTP_CODES": list(crawl.retry_http_codes),
         "RETRY_GIVE_UP_LOG_LEVEL": "INFO",  # a page that stays at 500 is an outcome we count, not an error
         "REDIRECT_MAX_TIMES": crawl.max_redirects,
+        "CRAWL_MAX_CRAWL_DELAY": crawl.max_crawl_delay,
         "CRAWL_RETRY_BACKOFF": crawl.retry_backoff_s,
         "CRAWL_RETRY_BACKOFF_MAX": crawl.retry_backoff_max_s,
         "CRAWL_ALLOWED_CONTENT_TYPES": list(crawl.allowed_content_types),
@@ -237,7 +238,14 @@ def _attempt_summary(path: Path) -> dict[str, Any]:
 
     data = json.loads(path.read_text())
     stats = data.get("stats", {})
-    keep = ("downloader/request_count", "downloader/response_bytes", "retry/count", "robotstxt/request_count")
+    keep = (
+        "downloader/request_count",
+        "downloader/response_bytes",
+        "retry/count",
+        "robotstxt/request_count",
+        "robotstxt/crawl_delay_honoured",
+        "robotstxt/crawl_delay_capped",
+    )
     return {
         "attempt": int(path.name.split(".")[1][1:]),
         "finish_reason": data.get("finish_reason"),

@@ -110,6 +110,7 @@ class TestSite:
         gate_after: int | None = None,
         host: str = "127.0.0.1",
         internal_url: str = "http://10.0.0.1/admin",
+        crawl_delay: float | None = None,
     ) -> None:
         self.pages = pages
         self.links_per_page = links_per_page
@@ -121,6 +122,8 @@ class TestSite:
         self.gate_after = gate_after
         self.host = host
         self.internal_url = internal_url  # where /to-internal redirects
+        self.crawl_delay = crawl_delay  # robots.txt's Crawl-delay for our user agent
+        self.page_request_times: list[float] = []  # time.monotonic() as each /page/ request arrives
         self.hits: Counter[str] = Counter()
         self.hits_by_host: Counter[str] = Counter()  # the Host header: which name the crawler connected for
         self.in_flight = 0
@@ -267,6 +270,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         with site._lock:
             site.hits[path] += 1
+            if path.startswith("/page/"):
+                site.page_request_times.append(time.monotonic())
             site.hits_by_host[(self.headers.get("Host") or "").rsplit(":", 1)[0]] += 1
             hits = site.hits[path]
             page_hits = sum(count for name, count in site.hits.items() if name.startswith("/page/"))
@@ -288,9 +293,10 @@ class _Handler(BaseHTTPRequestHandler):
             if path in ("/", "/index.html"):
                 return self._send(200, site.index())
             if path == "/robots.txt":
+                delay = f"Crawl-delay: {site.crawl_delay}\n" if site.crawl_delay is not None else ""
                 body = (
                     "User-agent: *\nDisallow: /private/\n\n"
-                    "User-agent: pretrain-pipeline\nDisallow: /private/\nDisallow: /no-bots/\n\n"
+                    f"User-agent: pretrain-pipeline\nDisallow: /private/\nDisallow: /no-bots/\n{delay}\n"
                     f"Sitemap: {site.url('/sitemap.xml')}\n"
                 ).encode()
                 return self._send(200, body, "text/plain")
