@@ -197,10 +197,11 @@ def delay_floor(downloader, slot_key: str | None) -> float:
 class PoliteAutoThrottle(AutoThrottle):
     """AutoThrottle that never goes below a site's Crawl-delay (Scrapy's lowers it to DOWNLOAD_DELAY)."""
 
-    def _adjust_delay(self, slot, latency: float, response) -> None:
-        super()._adjust_delay(slot, latency, response)
-        floor = delay_floor(self.crawler.engine.downloader, response.meta.get("download_slot"))
-        slot.delay = max(slot.delay, floor)
+    def _response_downloaded(self, response, request, spider) -> None:
+        super()._response_downloaded(response, request, spider)
+        key, slot = self._get_slot(request, spider)
+        if slot is not None:
+            slot.delay = max(slot.delay, delay_floor(self.crawler.engine.downloader, key))
 
 
 def retry_after_seconds(value: bytes | str | None, now: float | None = None) -> float | None:
