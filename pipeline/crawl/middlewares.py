@@ -164,7 +164,7 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
             return
         if delay > self.max_crawl_delay:
             log.warning(
-                "robots.txt of %s asks for Crawl-delay %.0f s; keeping to CRAWL_MAX_CRAWL_DELAY (%.0f s)",
+                "robots.txt of %s asks for Crawl-delay %g s; keeping to CRAWL_MAX_CRAWL_DELAY (%g s)",
                 netloc,
                 delay,
                 self.max_crawl_delay,
@@ -173,7 +173,7 @@ class RobotsPolicyMiddleware(RobotsTxtMiddleware):
             delay = self.max_crawl_delay
         set_delay_floor(self.crawler.engine.downloader, request, delay)
         self._stats.inc_value("robotstxt/crawl_delay_honoured")
-        log.info("robots.txt of %s: Crawl-delay %.2f s", netloc, delay)
+        log.info("robots.txt of %s: Crawl-delay %g s", netloc, delay)
 
 
 def set_delay_floor(downloader, request, delay: float) -> None:
