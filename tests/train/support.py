@@ -15,6 +15,7 @@ from pipeline.core.config import PipelineConfig, TokenizerConfig
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer
 from pipeline.tokenization.shards import ShardWriter
+from pipeline.train.launch import child_environment
 
 WORDS = [
     "the",
@@ -124,8 +125,7 @@ def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, s
         "--snapshot",
         snapshot,
     ]
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PRETRAIN")}
-    environment.update(OMP_NUM_THREADS="1", **(env or {}))
+    environment = {**child_environment(), "OMP_NUM_THREADS": "1", **(env or {})}  # what the stage passes
     return subprocess.Popen(
         command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
