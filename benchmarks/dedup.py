@@ -190,7 +190,7 @@ def write_corpus(n_docs: int, seed: int, data_root: Path, files: int):
     """Publish a planted corpus as a clean-stage output under data_root; return it."""
     import pyarrow.parquet as pq
 
-    from pipeline.core.config import load_config
+    from pipeline.config import load_config
     from pipeline.core.storage import DatasetRef, StageOutput
     from pipeline.dedup.synthetic import planted_corpus
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenizers import Tokenizer
 
-    from pipeline.core.config import load_config
+    from pipeline.config import load_config
     from pipeline.core.spark import spark_session
     from pipeline.core.storage import DatasetRef
     from pipeline.tokenization import job

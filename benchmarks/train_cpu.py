@@ -46,7 +46,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.core.config import PipelineConfig, load_config  # noqa: E402
+from pipeline.config import PipelineConfig, load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.model.gpt import GPT  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402

@@ -29,7 +29,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pipeline.core.config import load_config  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 

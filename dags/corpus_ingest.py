@@ -1,8 +1,8 @@
-"""Daily corpus refresh: crawl (one mapped task per shard, then the merge), clean, quality report, tokenize.
+"""Daily corpus refresh: crawl (one mapped task per shard, then the merge), then the corpus stages.
 
 One snapshot per logical date (`ds`), or the `snapshot` given when triggered by hand. The last task emits
 an event on the `token_shards` Asset naming the snapshot, which schedules the `pretrain` DAG on it.
-Which stages run after the crawl is defined once, in `operators.corpus` (dedup slots in there).
+Which stages run after the crawl, and in which order, comes from the stage registry (`pipeline.stages`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from airflow.sdk import dag, task
 
 from operators import CrawlOperator
 from operators.assets import TOKEN_SHARDS, token_shards_extra
-from operators.corpus import CORPUS_REPORTS, corpus_stage_tasks, crawl_shard_ids
 from operators.defaults import DEFAULT_ARGS, run_params
-from pipeline.core.config import load_config
+from operators.tasks import corpus_stages, crawl_shard_ids, stage_tasks
+from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
+from pipeline.stages import training_input
 
 
 @dag(
@@ -40,8 +41,8 @@ def corpus_ingest():
 
     crawl_shard = CrawlOperator.partial(task_id="crawl_shard").expand(shard=crawl_shards())
     crawl = CrawlOperator(task_id="crawl", merge=True)
-    stages = corpus_stage_tasks(first_input="crawl", reports=CORPUS_REPORTS)
-    crawl_shard >> crawl >> stages[0]
+    crawl_shard >> crawl
+    stages = stage_tasks(corpus_stages(reports=True), after=crawl)
 
     @task(outlets=[TOKEN_SHARDS])
     def publish_token_shards(path: str, snapshot: str, params=None, outlet_events=None) -> str:
@@ -56,7 +57,7 @@ def corpus_ingest():
         )
         return path
 
-    publish_token_shards(stages[-1].output, snapshot="{{ params.snapshot or ds }}")
+    publish_token_shards(stages[training_input().name].output, snapshot="{{ params.snapshot or ds }}")
 
 
 corpus_ingest()

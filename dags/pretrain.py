@@ -11,10 +11,10 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from operators import PipelineStageOperator, PyTorchJobOperator
 from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
 from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT
 from operators.pytorch_job import LAUNCHERS
+from operators.tasks import stage_tasks, training_stages
 from operators.training import resolve_training_run
 from pipeline.model import PRESETS
 
@@ -116,17 +116,13 @@ def pretrain():
         return resolve_training_run(params, latest_token_shards_extra(triggering_asset_events))
 
     run = training_run()
-    train = PyTorchJobOperator(
-        launcher="{{ params.launcher }}",
+    stage_tasks(
+        training_stages(),
         snapshot=run["snapshot"],
         config_path=run["config_path"],
         overrides=[],
-        execution_timeout=TRAINING_TIMEOUT,
+        torchrun={"launcher": "{{ params.launcher }}", "execution_timeout": TRAINING_TIMEOUT},
     )
-    report = PipelineStageOperator(
-        stage="report", snapshot=run["snapshot"], config_path=run["config_path"], overrides=[]
-    )
-    train >> report
 
 
 pretrain()

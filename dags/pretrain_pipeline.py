@@ -1,4 +1,4 @@
-"""The walking pipeline in one DAG: crawl, the corpus stages (operators.corpus), train, report; one snapshot.
+"""The walking pipeline in one DAG: crawl, the corpus stages, the training stages; one snapshot.
 
 The demo: `make demo` runs it with `airflow dags test` on the bundled sample site. It is built from the
 same tasks as the production DAGs (`corpus_ingest`, then `pretrain` on its token shards), so the demo
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag
 
-from operators import CrawlOperator, PipelineStageOperator, PyTorchJobOperator
-from operators.corpus import corpus_stage_tasks
+from operators import CrawlOperator
 from operators.defaults import DEFAULT_ARGS, run_params
+from operators.tasks import corpus_stages, stage_tasks, training_stages
 
 
 @dag(
@@ -28,11 +28,9 @@ from operators.defaults import DEFAULT_ARGS, run_params
 )
 def pretrain_pipeline():
     crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge
-    stages = corpus_stage_tasks(first_input="crawl")
-    train = PyTorchJobOperator(launcher="local", input_stage=stages[-1].task_id)
-    report = PipelineStageOperator(stage="report")
-    crawl >> stages[0]
-    stages[-1] >> train >> report
+    # The data stages (the reports on the corpus are corpus_ingest's), then training on this machine.
+    stages = [*corpus_stages(reports=False), *training_stages()]
+    stage_tasks(stages, after=crawl, torchrun={"launcher": "local"})
 
 
 pretrain_pipeline()

@@ -16,9 +16,9 @@ import pendulum
 from airflow.sdk import dag, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from operators.corpus import corpus_stage_tasks
 from operators.defaults import DEFAULT_ARGS, run_params
-from pipeline.core.config import load_config
+from operators.tasks import corpus_stages, stage_tasks
+from pipeline.config import load_config
 from pipeline.core.storage import DatasetRef
 
 
@@ -49,8 +49,8 @@ def reprocess_corpus():
             )
         return str(crawl.path)
 
-    stages = corpus_stage_tasks(first_input="crawl")
-    stored_crawl("{{ params.snapshot or ds }}") >> stages[0]
+    # Backfills re-make the data; the reports on it are corpus_ingest's.
+    stage_tasks(corpus_stages(reports=False), after=stored_crawl("{{ params.snapshot or ds }}"))
 
 
 reprocess_corpus()

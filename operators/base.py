@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 from airflow.sdk import BaseOperator
 
-from pipeline.core.config import PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config
 from pipeline.core.proc import kill_group
 
 

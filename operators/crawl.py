@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from operators.stage import PipelineStageOperator
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
 
 

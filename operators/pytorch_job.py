@@ -7,10 +7,11 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from operators.base import PipelineOperator
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
+from pipeline.stages import stage as registered_stage
 from pipeline.train.launch import child_environment, prepare_torchrun
 
 LAUNCHERS = ("local", "kubernetes")
@@ -43,7 +44,7 @@ class PyTorchJobOperator(PipelineOperator):
         launcher: str = "local",
         nproc_per_node: int | str | None = None,
         nnodes: int | str | None = None,
-        input_stage: str = "tokenize",
+        input_stage: str | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         kubernetes_settings: dict[str, Any] | None = None,
         on_finish: str = "delete_succeeded",
@@ -57,7 +58,7 @@ class PyTorchJobOperator(PipelineOperator):
         self.launcher = launcher
         self.nproc_per_node = nproc_per_node
         self.nnodes = nnodes
-        self.input_stage = input_stage
+        self.input_stage = input_stage or registered_stage("train").default_input
         self.kubernetes_conn_id = kubernetes_conn_id
         self.kubernetes_settings = dict(kubernetes_settings or {})
         self.on_finish = on_finish

@@ -13,7 +13,6 @@ otherwise fall back to YARN.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,24 +22,16 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from operators.base import PipelineOperator
-from pipeline.cli import COMMANDS
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
+from pipeline.stages import stage as registered_stage
 
 SPARK_CONN_ID = "pretrain_spark"
 
 
 def stage_application(stage: str) -> str:
-    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`
-    (``pipeline.<stage>.__main__`` for a stage that has no subcommand yet)."""
-    module = COMMANDS[stage][0] if stage in COMMANDS else f"pipeline.{stage}.__main__"
-    try:
-        spec = importlib.util.find_spec(module)
-    except ModuleNotFoundError:
-        spec = None
-    if spec is None or spec.origin is None:
-        raise ValueError(f"unknown stage {stage!r}: no module {module}; `pretrain` knows {sorted(COMMANDS)}")
-    return spec.origin
+    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`."""
+    return registered_stage(stage).application_file()
 
 
 class LocalDefaultSparkSubmitHook(SparkSubmitHook):

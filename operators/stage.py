@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from operators.base import PipelineOperator
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
 

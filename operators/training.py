@@ -10,10 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import MissingInputError, local_path
+from pipeline.stages import training_input
 
 # form field -> config key; a field left empty (None) keeps the config's value
 PARAM_KEYS = {
@@ -67,7 +69,11 @@ def resolve_training_run(params: Mapping[str, Any], event_extra: Mapping[str, An
         config = load_config(config_path, overrides)
     except ConfigError as exc:
         raise ConfigError(f"the pretrain run's settings are invalid: {exc}") from None
-    snapshot = params.get("snapshot") or event_extra.get("snapshot") or latest_snapshot(config, "tokenize")
+    snapshot = (
+        params.get("snapshot")
+        or event_extra.get("snapshot")
+        or latest_snapshot(config, training_input().name)
+    )
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
     path = Path(folder) / CONFIG_FILE

@@ -10,29 +10,10 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> (module with main(argv), one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "crawl": (
-        "pipeline.crawl.__main__",
-        "crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
-    ),
-    "clean": (
-        "pipeline.clean.__main__",
-        "Spark: extract main text, normalise, language id, FineWeb-recipe filters, PII redaction",
-    ),
-    "dedup": ("pipeline.dedup.__main__", "Spark: URL, exact and MinHash-LSH near-duplicate removal"),
-    "tokenize": (
-        "pipeline.tokenization.__main__",
-        "train a byte-level BPE and encode documents into token shards",
-    ),
-    "train": (
-        "pipeline.train.__main__",
-        "train the model with torchrun (DDP); launches torchrun when run directly",
-    ),
-    "report": (
-        "pipeline.tracking.__main__",
-        "record a trained snapshot in MLflow (params, metrics, artifacts)",
-    ),
+from pipeline.stages import STAGES
+
+# Commands that are not stages: subcommand -> (module with main(argv), one-line help)
+TOOLS: dict[str, tuple[str, str]] = {
     "ship-logs": (
         "pipeline.tracking.log_shipper",
         "send the ECS log files to Elasticsearch (spools while it is unreachable; --follow to keep going)",
@@ -41,16 +22,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.tracking.tensorboard",
         "start TensorBoard on a training snapshot's event files",
     ),
-    "config": ("pipeline.core.config_cli", "print the resolved, validated config and its hash"),
+    "config": ("pipeline.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
+}
+
+# Every subcommand: the registered stages in pipeline order, then the tools.
+COMMANDS: dict[str, tuple[str, str]] = {
+    **{
+        stage.name: (
+            stage.entrypoint,
+            stage.help + (f" [reads {', '.join(stage.reads)}]" if stage.reads else ""),
+        )
+        for stage in STAGES
+    },
+    **TOOLS,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pretrain",
-        description="From raw web pages to a trained language model. Each stage reads the previous stage's "
-        "output under <data_root>/<corpus>/<stage>/<snapshot>/.",
+        description="From raw web pages to a trained language model. The stages, in order, each read the "
+        "outputs named in [reads ...] and write <data_root>/<corpus>/<stage>/<snapshot>/.",
         epilog="run `pretrain <command> --help` for a command's options",
     )
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
@@ -69,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv[:1])  # prints the usage error and exits 2
     module_name, _ = COMMANDS[argv[0]]
     module = importlib.import_module(module_name)
-    from pipeline.core.cli import run_cli
+    from pipeline.entrypoint import run_cli
 
     return run_cli(module.main, argv[1:])
 

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.core.config import PROJECT_ROOT, load_config
+from pipeline.config import load_config
+from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
+from pipeline.stages import STAGES
 
 DAG_ID = "pretrain_pipeline"
 
@@ -58,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"==> preparing Airflow metadata database in {args.airflow_home}", flush=True)
     run_streaming([airflow, "db", "migrate"], env=env, on_line=lambda line: None)
-    conf = {"snapshot": args.snapshot, "config_path": args.config, "overrides": args.overrides}
-    print(f"==> running DAG {DAG_ID} (crawl -> clean -> tokenize -> train -> report)", flush=True)
+    # The tasks resolve the config again; pin the data root so they write where this process looks.
+    overrides = [f"project.data_root={config.project.data_root}", *args.overrides]
+    conf = {"snapshot": args.snapshot, "config_path": args.config, "overrides": overrides}
+    stages = " -> ".join(stage.name for stage in STAGES if not stage.report)
+    print(f"==> running DAG {DAG_ID} ({stages}) into {config.project.data_root}", flush=True)
     run_streaming(
         [airflow, "dags", "test", DAG_ID, "--conf", json.dumps(conf)],
         env=env,
@@ -89,6 +94,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.core.cli import run_cli
+    from pipeline.entrypoint import run_cli
 
     raise SystemExit(run_cli(main))

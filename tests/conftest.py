@@ -34,7 +34,7 @@ hypothesis_settings.register_profile("ci", derandomize=True)
 hypothesis_settings.register_profile("explore", derandomize=False)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-from pipeline.core.config import PipelineConfig, load_config  # noqa: E402
+from pipeline.config import PipelineConfig, load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef  # noqa: E402
 
 

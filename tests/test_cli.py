@@ -38,3 +38,26 @@ def test_unknown_command_is_rejected():
     with pytest.raises(SystemExit) as exit_info:
         main(["frobnicate"])
     assert exit_info.value.code == 2
+
+
+def test_a_missing_input_fails_at_once_before_spark_or_mlflow_start(tmp_path):
+    """`pretrain tokenize --snapshot nope` used to take 18-30 s and leave a FAILED MLflow run behind."""
+    root = tmp_path / "data"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "tokenize",
+            "--snapshot",
+            "nope",
+            "--set",
+            f"project.data_root={root}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith("error: no complete dedup output for snapshot 'nope'")
+    assert "Traceback" not in result.stderr
+    assert not (root / "mlflow.db").exists() and not (root / "_runs").exists()

@@ -9,7 +9,7 @@ shards on the `token_shards` Asset; `pretrain` then trains on that snapshot with
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from pipeline.core.storage import DatasetRef
 from tests.conftest import make_config
 

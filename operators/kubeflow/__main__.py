@@ -9,8 +9,8 @@ import sys
 import yaml
 
 from operators.kubeflow.manifest import KubernetesJobSettings, render_pytorch_job
-from pipeline.core.cli import resolve, stage_parser
 from pipeline.core.lineage import Lineage
+from pipeline.entrypoint import add_input_stage_argument, resolve, stage_parser
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = stage_parser("python -m operators.kubeflow", __doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--name", default="pretrain-train-example", help="job name (default: %(default)s)")
-    parser.add_argument("--input-stage", default="tokenize", help="stage holding the token shards")
+    add_input_stage_argument(parser, "train")
     parser.add_argument(
         "--settings",
         default="{}",
@@ -52,6 +52,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.core.cli import run_cli
+    from pipeline.entrypoint import run_cli
 
     raise SystemExit(run_cli(main))

@@ -24,8 +24,10 @@ from typing import Any
 
 import yaml
 
-from pipeline.core.config import PROJECT_ROOT, PipelineConfig
+from pipeline.config import PipelineConfig
+from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.lineage import Lineage
+from pipeline.stages import stage as registered_stage
 
 GROUP = "kubeflow.org"
 VERSION = "v1"
@@ -182,7 +184,7 @@ def render_pytorch_job(
     *,
     name: str,
     snapshot: str,
-    input_stage: str = "tokenize",
+    input_stage: str | None = None,
     settings: KubernetesJobSettings | None = None,
     lineage: Lineage | None = None,
 ) -> dict[str, Any]:
@@ -191,6 +193,7 @@ def render_pytorch_job(
     One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
     (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
     """
+    input_stage = input_stage or registered_stage("train").default_input
     settings = settings or KubernetesJobSettings()
     lineage = lineage or Lineage()
     if "://" in config.project.data_root:

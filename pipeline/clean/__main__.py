@@ -8,13 +8,13 @@ Also runs under spark-submit on a cluster:
 
 from __future__ import annotations
 
-from pipeline.core.cli import run_cli, stage_main
+from pipeline.entrypoint import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.clean.job import run
 
-    return stage_main(argv, stage="clean", description=__doc__, run=run, input_stages=("crawl",))
+    return stage_main(argv, stage="clean", description=__doc__, run=run)
 
 
 if __name__ == "__main__":

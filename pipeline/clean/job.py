@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pipeline.clean import pii
+from pipeline.clean.config import CleanConfig
 from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
 from pipeline.clean.language import identify_language
 from pipeline.clean.normalize import decode_utf8, normalize_text
-from pipeline.core.config import CleanConfig, PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ecs_logging
 
-from pipeline.core.config import PipelineConfig
+from pipeline.core.config import CoreConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import local_path
 
@@ -43,13 +43,13 @@ class _ContextFilter(logging.Filter):
         return True
 
 
-def run_folder(config: PipelineConfig, lineage: Lineage | None = None) -> Path:
+def run_folder(config: CoreConfig, lineage: Lineage | None = None) -> Path:
     lineage = lineage or Lineage.from_env()
     return local_path(config.project.data_root) / "_runs" / lineage.run_folder_name
 
 
 def setup_logging(
-    config: PipelineConfig,
+    config: CoreConfig,
     component: str,
     rank: int | None = None,
     lineage: Lineage | None = None,
@@ -86,9 +86,4 @@ def setup_logging(
 
     for noisy in ("py4j", "urllib3", "filelock", "matplotlib", "alembic", "scrapy.core.scraper"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if config.logging.ship_in_process:
-        # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).
-        from pipeline.tracking.log_shipper import start_background_shipper
-
-        start_background_shipper(config)
     return log_file

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.config import PipelineConfig
+from pipeline.core.config import CoreConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -21,7 +21,7 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_session(config: PipelineConfig, app_name: str) -> SparkSession:
+def spark_session(config: CoreConfig, app_name: str) -> SparkSession:
     # Workers must run this interpreter, or they miss pyarrow and our package.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

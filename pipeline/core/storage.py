@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import ConfigError, PipelineConfig
+from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree
 
@@ -42,7 +42,7 @@ def local_path(root: str) -> Path:
 
 
 def validate_snapshot(snapshot: str) -> str:
-    if not SNAPSHOT_PATTERN.match(snapshot):
+    if not isinstance(snapshot, str) or not SNAPSHOT_PATTERN.fullmatch(snapshot):
         raise ConfigError(
             f"snapshot {snapshot!r} must match {SNAPSHOT_PATTERN.pattern} (e.g. 2026-11-29 or demo)"
         )
@@ -62,7 +62,7 @@ class DatasetRef:
         validate_snapshot(self.snapshot)
 
     @classmethod
-    def of(cls, config: PipelineConfig, stage: str, snapshot: str) -> DatasetRef:
+    def of(cls, config: CoreConfig, stage: str, snapshot: str) -> DatasetRef:
         return cls(config.project.data_root, config.project.corpus, stage, snapshot)
 
     @property
@@ -100,7 +100,7 @@ class StageOutput:
     def __init__(
         self,
         ref: DatasetRef,
-        config: PipelineConfig,
+        config: CoreConfig,
         inputs: list[DatasetRef] = (),
         lineage: Lineage | None = None,
         resumable: bool = False,

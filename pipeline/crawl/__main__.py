@@ -11,11 +11,10 @@ Sharded (one process per shard, e.g. one Airflow task each):
 
 from __future__ import annotations
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
+from pipeline.entrypoint import announce_data_root, resolve, run_cli, stage_parser, start_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.core.logs import setup_logging
     from pipeline.core.storage import DatasetRef
 
     parser = stage_parser("pretrain crawl", __doc__)
@@ -40,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.shard is not None:
         check_shard(args.shard, config.crawl.num_shards)
-    setup_logging(config, "crawl")
+    announce_data_root(config, stage.STAGE, snapshot)
+    start_logging(config, "crawl")
     output = DatasetRef.of(config, stage.STAGE, snapshot)
     if args.merge:
         manifest = stage.merge_shards(config, output)

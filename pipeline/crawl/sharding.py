@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl.urls import registered_domain
 

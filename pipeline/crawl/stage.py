@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef, MissingInputError, StageOutput

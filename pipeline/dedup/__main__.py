@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.core.cli import run_cli, stage_main
+from pipeline.entrypoint import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.dedup.job import DedupInputError, run
 
     try:
-        return stage_main(argv, stage="dedup", description=__doc__, run=run, input_stages=("clean",))
+        return stage_main(argv, stage="dedup", description=__doc__, run=run)
     except DedupInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,11 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.core.config import DedupConfig, PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
+from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
 from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
 from pipeline.dedup.urls import canonical_url

@@ -1,14 +1,17 @@
-"""`python -m pipeline.quality` / `pretrain quality`: a data-quality report (coverage, diversity, embeddings)."""
+"""`python -m pipeline.quality` / `pretrain quality`: a data-quality report on the finished (deduplicated)
+documents: host coverage, diversity, embeddings. Writes report.html, metrics.json and plots under
+<data_root>/<corpus>/quality/<snapshot>/.
+"""
 
 from __future__ import annotations
 
-from pipeline.core.cli import run_cli, stage_main
+from pipeline.entrypoint import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.quality.report import run
 
-    return stage_main(argv, stage="quality", description=__doc__, run=run, input_stages=("clean",))
+    return stage_main(argv, stage="quality", description=__doc__, run=run)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`python -m pipeline.tokenization` / `pretrain tokenize`: train a BPE and encode clean documents into shards.
+"""`python -m pipeline.tokenization` / `pretrain tokenize`: train a BPE and encode the finished (deduplicated)
+documents into shards.
 
 Writes tokenizer.json and Megatron MMIDIDX token shards (train/, validation/) under
 <data_root>/<corpus>/tokenize/<snapshot>/. Main settings: tokenizer.vocab_size, tokenizer.split_cjk,
@@ -7,13 +8,13 @@ tokenize.validation_fraction, tokenize.max_tokens_per_shard, tokenize.num_shards
 
 from __future__ import annotations
 
-from pipeline.core.cli import run_cli, stage_main
+from pipeline.entrypoint import run_cli, stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.tokenization.job import run
 
-    return stage_main(argv, stage="tokenize", description=__doc__, run=run, input_stages=("clean",))
+    return stage_main(argv, stage="tokenize", description=__doc__, run=run)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from pipeline.core.config import TokenizerConfig
+from pipeline.tokenization.config import TokenizerConfig
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

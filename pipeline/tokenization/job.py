@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput

@@ -34,7 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.storage import local_path
 
 log = logging.getLogger(__name__)
@@ -448,6 +449,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.core.cli import run_cli
+    from pipeline.entrypoint import run_cli
 
     raise SystemExit(run_cli(main))

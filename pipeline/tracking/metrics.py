@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
 
 log = logging.getLogger(__name__)

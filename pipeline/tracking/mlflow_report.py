@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.manifest import MANIFEST_NAME, Manifest, sha256_file
 from pipeline.core.storage import DatasetRef, StageOutput

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import DatasetRef, local_path

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pipeline.core.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.storage import STAGING_PREFIX, local_path
 
 EVENTS_FOLDER = "tensorboard"
@@ -118,6 +119,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.core.cli import run_cli
+    from pipeline.entrypoint import run_cli
 
     raise SystemExit(run_cli(main))

@@ -15,17 +15,21 @@ import logging
 import os
 import signal
 
-from pipeline.core.cli import resolve, run_cli, stage_main, stage_parser
-from pipeline.core.logs import setup_logging
+from pipeline.entrypoint import (
+    add_input_stage_argument,
+    resolve,
+    run_cli,
+    stage_main,
+    stage_parser,
+    start_logging,
+)
 
 log = logging.getLogger("pipeline.train")
 
 
 def _parser():
     parser = stage_parser("pretrain train", __doc__)
-    parser.add_argument(
-        "--input-stage", default="tokenize", help="stage whose token shards to train on (default: tokenize)"
-    )
+    add_input_stage_argument(parser, "train")
     return parser
 
 
@@ -41,13 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             stage="train",
             description=__doc__,
             run=run,
-            input_stages=("tokenize",),
             component="train-launcher",
         )
     rank = int(os.environ.get("RANK", config.distributed.rank or 0))
     # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    setup_logging(config, "train", rank=rank)
+    start_logging(config, "train", rank=rank)
     from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 
     try:

@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.core.config import ENV_PREFIX, PipelineConfig
+from pipeline.config import PipelineConfig
+from pipeline.core.config import ENV_PREFIX
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.core.config import ConfigError, PipelineConfig, TrainConfig
+from pipeline.config import PipelineConfig
+from pipeline.core.config import ConfigError
+from pipeline.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import Batch, build_train_loader

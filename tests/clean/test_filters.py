@@ -12,7 +12,7 @@ from pipeline.clean.filters import DocumentSignals, first_failing, recipe_rules
 from pipeline.clean.filters import c4 as c4_filter
 from pipeline.clean.filters import fineweb as fineweb_filter
 from pipeline.clean.normalize import normalize_text
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from tests.clean import reference
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.clean.language import LANGID_LABELS, identify_language
-from pipeline.core.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.core.config import ConfigError
 
 
 def test_label_list_matches_the_shipped_model():

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.config import ConfigError, PipelineConfig, flatten, load_config
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError, flatten
 
 
 def test_defaults_validate_and_hash_is_stable():
@@ -65,6 +66,32 @@ def test_missing_and_malformed_files(tmp_path: Path):
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar, environ={})
+
+
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("train.stpes=10", "'steps'"),
+        ("trian.steps=10", "'train'"),
+        ("clean.c4.filter_lorem=1", "'filter_lorem_ipsum'"),
+    ],
+)
+def test_a_misspelt_key_gets_a_did_you_mean(override: str, suggestion: str):
+    with pytest.raises(ConfigError, match=f"did you mean {suggestion}"):
+        load_config(overrides=[override], environ={})
+
+
+def test_a_key_far_from_any_gets_no_guess():
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=["train.zzzzzz=1"], environ={})
+    assert "did you mean" not in str(error.value) and "known: [" in str(error.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_clear_error(tmp_path: Path):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("project:\n  corpus: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text"):
+        load_config(latin1, environ={})
 
 
 def test_override_without_equals_is_rejected():

@@ -97,7 +97,7 @@ def test_inputs_are_recorded_by_digest(config):
     assert manifest.inputs[0]["digest"] == crawl_manifest.digest
 
 
-@pytest.mark.parametrize("snapshot", ["", "../escape", "a b", "-leading-dash", "x/y"])
+@pytest.mark.parametrize("snapshot", ["", "../escape", "a b", "-leading-dash", "x/y", "nl\n", 20261201])
 def test_bad_snapshot_names_are_refused(config, snapshot):
     with pytest.raises(ConfigError, match="snapshot"):
         DatasetRef.of(config, "clean", snapshot)

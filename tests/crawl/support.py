@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 
-from pipeline.core.config import PipelineConfig
+from pipeline.config import PipelineConfig
 from tests.conftest import make_config
 
 # Fast and deterministic for a local server: no politeness delay, short timeouts and backoffs.

@@ -12,9 +12,9 @@ import urllib.request
 import psutil
 import pytest
 
-from operators.corpus import CORPUS_STAGES
+from operators.tasks import corpus_stages
 from operators.training import CONFIG_FILE
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage as crawl_stage
@@ -160,7 +160,7 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
     assert {date: run["state"] for date, run in runs.items()} == dict.fromkeys(DATES, "success")
     first = {}
     for date in DATES:
-        for stage in CORPUS_STAGES:
+        for stage in [entry.name for entry in corpus_stages(reports=False)]:
             manifest = DatasetRef.of(config, stage, date).manifest()
             assert manifest.snapshot == date
             assert manifest.lineage["dag_id"] == "reprocess_corpus"

@@ -51,21 +51,22 @@ def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_to
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
     from operators.assets import TOKEN_SHARDS
-    from operators.corpus import CORPUS_REPORTS, CORPUS_STAGES
 
     dag = dagbag.dags["corpus_ingest"]
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # @daily: one snapshot a day
-    assert_chain(dag, ["crawl_shards", "crawl_shard", "crawl", *CORPUS_STAGES, "publish_token_shards"])
+    assert_chain(
+        dag, ["crawl_shards", "crawl_shard", "crawl", "clean", "dedup", "tokenize", "publish_token_shards"]
+    )
     shard = dag.get_task("crawl_shard")
     assert isinstance(shard, MappedOperator) and shard.operator_class.__name__ == "CrawlOperator"
     assert dag.get_task("crawl").merge
-    for stage in (*CORPUS_STAGES, *CORPUS_REPORTS):
+    for stage in ("clean", "dedup", "quality", "tokenize"):
         assert type(dag.get_task(stage)).__name__ == "PipelineSparkSubmitOperator"
     assert dag.get_task("clean").input_stage == "crawl"
-    assert dag.get_task("tokenize").input_stage == CORPUS_STAGES[-2]
-    assert CORPUS_REPORTS == ("quality",)
-    assert dag.get_task("quality").upstream_task_ids == {CORPUS_STAGES[-2]}  # beside tokenize, not before
-    assert dag.get_task("quality").input_stage == CORPUS_STAGES[-2]
+    assert dag.get_task("tokenize").input_stage == "dedup"
+    assert dag.get_task("quality").upstream_task_ids == {"dedup"}  # beside tokenize, not before
+    assert dag.get_task("quality").input_stage == "dedup"
+    assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize"}
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
     assert set(dag.params) == {"snapshot", "config_path", "overrides"}
 
@@ -132,42 +133,86 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
 
 
 def test_reprocess_corpus_reads_stored_crawls_for_backfills(dagbag):
-    from operators.corpus import CORPUS_STAGES
-
     dag = dagbag.dags["reprocess_corpus"]
     assert "quality" not in dag.task_ids  # backfills re-make the data, not the reports
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # backfills need a schedule
     assert dag.start_date <= pendulum.datetime(2021, 1, 1, tz="UTC")  # years of snapshots can be backfilled
     assert "crawl" not in dag.task_ids
-    assert_chain(dag, ["stored_crawl", *CORPUS_STAGES])
+    assert_chain(dag, ["stored_crawl", "clean", "dedup", "tokenize"])
     assert all(not task.outlets for task in dag.tasks)  # a backfill does not start trainings
 
 
 def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
-    from operators.corpus import CORPUS_STAGES
-
     dag = dagbag.dags["pretrain_pipeline"]
-    order = ["crawl", *CORPUS_STAGES, "train", "report"]
+    order = ["crawl", "clean", "dedup", "tokenize", "train", "report"]
     assert type(dag.get_task("crawl")).__name__ == "CrawlOperator" and not dag.get_task("crawl").merge
     assert sorted(dag.task_ids) == sorted(order)
     assert_chain(dag, order)
+    assert dag.get_task("train").launcher == "local"
     assert set(dag.params) >= {"snapshot", "config_path", "overrides"}
 
 
-def test_new_stages_slot_in_with_one_tuple_each():
-    """What adding dedup to CORPUS_STAGES produces: dedup between clean and tokenize, the report reads it."""
+RUNNER_OPERATORS = {
+    "spark": "PipelineSparkSubmitOperator",
+    "torchrun": "PyTorchJobOperator",
+    "python": "PipelineStageOperator",
+}
+
+
+def test_every_dag_wires_its_stages_as_the_registry_declares(dagbag):
+    """Each stage task waits for the tasks of the stages it reads, reads what the registry says by default,
+    and runs with the operator for its runner; every non-report stage is in some DAG."""
+    from pipeline.stages import BY_NAME, STAGES
+
+    seen = set()
+    for dag in dagbag.dags.values():
+        for task in dag.tasks:
+            entry = BY_NAME.get(task.task_id)
+            if entry is None or task.task_id == "crawl":  # crawl: sharded by CrawlOperator
+                continue
+            seen.add(entry.name)
+            where = f"{dag.dag_id}.{task.task_id}"
+            assert type(task).__name__ == RUNNER_OPERATORS[entry.runner], where
+            for read in entry.reads:
+                if read in dag.task_ids:
+                    assert read in task.upstream_task_ids, f"{where} must wait for {read}"
+            if hasattr(task, "input_stage"):
+                assert task.input_stage == entry.default_input, where
+    assert seen == {entry.name for entry in STAGES} - {"crawl"}
+
+
+def test_a_new_registry_entry_joins_the_dags(monkeypatch):
+    """Adding a stage is one registry entry: a semantic-dedup stage between dedup and tokenize lands in
+    the corpus DAGs in the right place, with quality and tokenize reading it."""
+    import dataclasses
+
     from airflow.sdk import DAG
 
-    from operators.corpus import corpus_stage_tasks
+    from operators.tasks import corpus_stages, stage_tasks
+    from pipeline import stages
+
+    semantic = stages.Stage(
+        name="semantic_dedup",
+        package="pipeline.dedup",
+        reads=("dedup",),
+        runner="spark",
+        group="corpus",
+        help="embedding-based near-duplicate removal",
+    )
+    entries = []
+    for entry in stages.STAGES:
+        if entry.name in ("quality", "tokenize"):
+            entry = dataclasses.replace(entry, reads=("semantic_dedup",))
+        entries.append(entry)
+        if entry.name == "dedup":
+            entries.append(semantic)
+    monkeypatch.setattr(stages, "STAGES", tuple(entries))
+    monkeypatch.setattr(stages, "BY_NAME", stages._checked(tuple(entries)))
 
     with DAG("slot_in", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
-        corpus_stage_tasks(stages=("clean", "dedup", "tokenize"), reports=("quality",))
-    assert_chain(dag, ["clean", "dedup", "tokenize"])
-    assert [dag.get_task(t).input_stage for t in ("clean", "dedup", "tokenize")] == [
-        "crawl",
-        "clean",
-        "dedup",
-    ]
-    quality = dag.get_task("quality")
-    assert quality.upstream_task_ids == {"dedup"} and quality.input_stage == "dedup"
+        stage_tasks(corpus_stages(reports=True))
+    assert_chain(dag, ["clean", "dedup", "semantic_dedup", "tokenize"])
+    assert dag.get_task("semantic_dedup").input_stage == "dedup"
+    assert dag.get_task("tokenize").input_stage == "semantic_dedup"
+    assert dag.get_task("quality").upstream_task_ids == {"semantic_dedup"}
     assert dag.get_task("tokenize").downstream_task_ids == set()

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.core.config import ModelSection
 from pipeline.model import PRESETS, GPTConfig, model_config
 from pipeline.model.gpt import GPT
+from pipeline.model.section import ModelSection
 
 
 def test_presets():

@@ -18,7 +18,7 @@ from operators.kubeflow.manifest import (
     render_pytorch_job,
     validate_pytorch_job,
 )
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from pipeline.core.lineage import Lineage
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "docker" / "k8s"

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pipeline.core.config import TokenizerConfig
 from pipeline.tokenization.bpe import (
     CJK_RANGES,
     TOKENIZER_CONFIG_FILE,
@@ -16,6 +15,7 @@ from pipeline.tokenization.bpe import (
     special_tokens,
     train_tokenizer,
 )
+from pipeline.tokenization.config import TokenizerConfig
 
 ENGLISH = "The river turned the wheel, and the mill ground flour for the whole valley until the 1890s."
 CHINESE = "茶起源于中国，最早被用作药物。后来人们开始把茶当作日常饮料，茶文化传遍了整个东亚。"

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import TokenizerConfig
 from pipeline.tokenization.bpe import train_tokenizer
+from pipeline.tokenization.config import TokenizerConfig
 from pipeline.tokenization.encoder import (
     DocumentEncoder,
     repair_text,

@@ -381,7 +381,7 @@ def test_cli_follow_ships_new_lines_until_interrupted(tmp_path, proxy, reader, d
 
 
 def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, data_stream):
-    from pipeline.core.logs import setup_logging
+    from pipeline.entrypoint import start_logging
     from tests.conftest import make_config
 
     config = make_config(
@@ -391,7 +391,7 @@ def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, dat
         "logging.ship_in_process=true",
         "logging.ship_interval_s=0.1",
     )
-    setup_logging(config, "shipper-test")
+    start_logging(config, "shipper-test")
     background = log_shipper._background
     try:
         assert background is not None and background.is_alive()

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.cli import stage_main
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.entrypoint import stage_main
 from pipeline.tracking import mlflow_runs
 from pipeline.tracking.mlflow_runs import (
     ENV_RUN_ID,
@@ -105,19 +105,17 @@ def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(
 ):
     run_a = "manual__2026-11-28T00:00:00+00:00"
     run_b = "scheduled__2026-11-29T00:00:00+00:00"
-    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "alpha")
-    assert stage_main(argv("s1"), stage="alpha", description="", run=publish(5, 11)) == 0
-    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "beta", try_number=2)
-    assert (
-        stage_main(argv("s1"), stage="beta", description="", run=publish(3, 12), input_stages=("alpha",)) == 0
-    )
-    airflow_env(monkeypatch, "pretrain_pipeline", run_b, "alpha")
-    assert stage_main(argv("s2"), stage="alpha", description="", run=publish(4, 13)) == 0
+    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "crawl")
+    assert stage_main(argv("s1"), stage="crawl", description="", run=publish(5, 11)) == 0
+    airflow_env(monkeypatch, "pretrain_pipeline", run_a, "clean", try_number=2)
+    assert stage_main(argv("s1"), stage="clean", description="", run=publish(3, 12)) == 0
+    airflow_env(monkeypatch, "pretrain_pipeline", run_b, "crawl")
+    assert stage_main(argv("s2"), stage="crawl", description="", run=publish(4, 13)) == 0
 
     config = load_config(None, argv("s1")[3::2], environ={})
     client, found = experiment_runs(mlflow_store, experiment)
     stages = runs_by_stage(client, found.experiment_id)
-    assert set(stages) == {("alpha", run_a), ("beta", run_a), ("alpha", run_b)}
+    assert set(stages) == {("crawl", run_a), ("clean", run_a), ("crawl", run_b)}
     parents = {
         run.data.tags["airflow.run_id"]: run
         for run in client.search_runs([found.experiment_id])
@@ -130,41 +128,41 @@ def test_stage_runs_nest_under_their_dag_run_and_log_manifests_as_datasets(
         assert run.data.tags["airflow.dag_id"] == "pretrain_pipeline"
         assert run.data.tags["config_hash"] == config.hash
         assert run.data.tags["git_commit"]
-    beta = stages[("beta", run_a)]
-    assert beta.data.tags["airflow.try_number"] == "2" and beta.data.tags["airflow.task_id"] == "beta"
-    assert beta.info.run_name == "beta s1 (try 2)"
+    beta = stages[("clean", run_a)]
+    assert beta.data.tags["airflow.try_number"] == "2" and beta.data.tags["airflow.task_id"] == "clean"
+    assert beta.info.run_name == "clean s1 (try 2)"
 
     # Params: the whole flattened config, JSON for non-strings.
     expected = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.flat().items()}
     assert beta.data.params == expected
 
     # Datasets: alpha's output is beta's input, with the manifest digest; counts became metrics.
-    alpha_manifest = DatasetRef.of(config, "alpha", "s1").manifest()
-    beta_manifest = DatasetRef.of(config, "beta", "s1").manifest()
+    alpha_manifest = DatasetRef.of(config, "crawl", "s1").manifest()
+    beta_manifest = DatasetRef.of(config, "clean", "s1").manifest()
     by_context = {
         (d.tags[0].value if d.tags[0].key == "mlflow.data.context" else d.tags[1].value): d.dataset
         for d in beta.inputs.dataset_inputs
     }
     assert by_context["input"].digest == alpha_manifest.digest
-    assert by_context["input"].name == "sample/alpha/s1"
+    assert by_context["input"].name == "sample/crawl/s1"
     assert json.loads(by_context["input"].source)["uri"] == alpha_manifest.path
     assert json.loads(by_context["input"].profile)["rows"] == {"documents": 5}
     assert by_context["output"].digest == beta_manifest.digest
-    alpha_inputs = stages[("alpha", run_a)].inputs.dataset_inputs
+    alpha_inputs = stages[("crawl", run_a)].inputs.dataset_inputs
     assert [d.dataset.digest for d in alpha_inputs] == [alpha_manifest.digest]
     assert beta.data.metrics["rows.documents"] == 3
     assert beta.data.metrics["counters.dropped.too_short"] == 12 % 7
     assert beta.data.tags["pretrain.output_digest"] == beta_manifest.digest
-    assert [a.path for a in client.list_artifacts(beta.info.run_id, "manifests/beta")] == [
-        "manifests/beta/manifest.json"
+    assert [a.path for a in client.list_artifacts(beta.info.run_id, "manifests/clean")] == [
+        "manifests/clean/manifest.json"
     ]
     assert "config.yaml" in {a.path for a in client.list_artifacts(beta.info.run_id)}
     assert parents[run_a].info.status == "FINISHED"
 
 
 def test_outside_airflow_stages_of_a_snapshot_share_a_parent(argv, mlflow_store, experiment):
-    stage_main(argv("hand"), stage="alpha", description="", run=publish(2, 1))
-    stage_main(argv("hand"), stage="beta", description="", run=publish(2, 2), input_stages=("alpha",))
+    stage_main(argv("hand"), stage="crawl", description="", run=publish(2, 1))
+    stage_main(argv("hand"), stage="clean", description="", run=publish(2, 2))
     client, found = experiment_runs(mlflow_store, experiment)
     runs = client.search_runs([found.experiment_id])
     parents = [r for r in runs if r.data.tags.get("pretrain.kind") == "snapshot"]
@@ -175,9 +173,9 @@ def test_outside_airflow_stages_of_a_snapshot_share_a_parent(argv, mlflow_store,
 
 
 def test_a_failing_stage_is_reraised_and_its_run_marked_failed(argv, mlflow_store, experiment, monkeypatch):
-    airflow_env(monkeypatch, "pretrain_pipeline", "r1", "alpha")
+    airflow_env(monkeypatch, "pretrain_pipeline", "r1", "crawl")
     with pytest.raises(RuntimeError, match="stage broke"):
-        stage_main(argv("s1"), stage="alpha", description="", run=fail)
+        stage_main(argv("s1"), stage="crawl", description="", run=fail)
     client, found = experiment_runs(mlflow_store, experiment)
     (run,) = runs_by_stage(client, found.experiment_id).values()
     assert run.info.status == "FAILED"
@@ -201,16 +199,16 @@ def test_tracking_failure_warns_and_the_stage_still_publishes(root, argv, unreac
     with caplog.at_level(logging.ERROR, logger="pipeline.tracking.mlflow_runs"):
         code = stage_main(
             argv("s1", "--set", f"tracking.mlflow_tracking_uri={unreachable_server}"),
-            stage="alpha",
+            stage="crawl",
             description="",
             run=publish(2, 3),
         )
     assert code == 0
     config = load_config(None, [f"project.data_root={root}"], environ={})
-    assert DatasetRef.of(config, "alpha", "s1").is_complete()
+    assert DatasetRef.of(config, "crawl", "s1").is_complete()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert any("MLflow tracking of stage 'alpha'" in m and "tracking.required=true" in m for m in errors)
-    assert "MLflow tracking of stage 'alpha'" in capsys.readouterr().err
+    assert any("MLflow tracking of stage 'crawl'" in m and "tracking.required=true" in m for m in errors)
+    assert "MLflow tracking of stage 'crawl'" in capsys.readouterr().err
 
 
 def test_required_tracking_fails_the_stage_before_it_runs(argv, unreachable_server):
@@ -224,7 +222,7 @@ def test_required_tracking_fails_the_stage_before_it_runs(argv, unreachable_serv
                 "--set",
                 "tracking.required=true",
             ),
-            stage="alpha",
+            stage="crawl",
             description="",
             run=lambda *args: ran.append(args),
         )
@@ -234,7 +232,7 @@ def test_required_tracking_fails_the_stage_before_it_runs(argv, unreachable_serv
 def test_stage_runs_can_be_switched_off(argv, mlflow_store, experiment):
     stage_main(
         argv("s1", "--set", "tracking.stage_runs=false"),
-        stage="alpha",
+        stage="crawl",
         description="",
         run=publish(1, 1),
     )
@@ -250,9 +248,9 @@ def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs
         seen["env"] = os.environ.get(ENV_RUN_ID)
         return publish(1, 1)(config, inputs, output)
 
-    stage_main(argv("s1"), stage="train", description="", run=run)
+    stage_main(argv("s1"), stage="crawl", description="", run=run)
     run_record = MlflowClient(mlflow_store).get_run(seen["env"])
-    assert run_record.data.tags["pretrain.stage"] == "train"
+    assert run_record.data.tags["pretrain.stage"] == "crawl"
     import os
 
     assert ENV_RUN_ID not in os.environ

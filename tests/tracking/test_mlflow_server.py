@@ -18,7 +18,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.config import load_config
+from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.proc import kill_group
 from pipeline.core.storage import DatasetRef
@@ -76,7 +76,7 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(sample_corpus, mlflow_server, tmp_path_factory):
     """Train (torchrun, 2 ranks) and report through `pretrain train` / `pretrain report`, as Airflow tasks."""
-    from pipeline.tracking.__main__ import main as report_main
+    from pipeline.report.__main__ import main as report_main
     from pipeline.train.__main__ import main as train_main
 
     corpus_config, snapshot = sample_corpus

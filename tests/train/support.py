@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.config import PipelineConfig, TokenizerConfig
+from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer
+from pipeline.tokenization.config import TokenizerConfig
 from pipeline.tokenization.shards import ShardWriter
 from pipeline.train.launch import child_environment
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.config import TrainConfig
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
     Checkpointer,
@@ -24,6 +23,7 @@ from pipeline.train.components.checkpoint import (
 from pipeline.train.components.lr_schedule import build_lr_scheduler
 from pipeline.train.components.metrics import Throughput, router_metrics
 from pipeline.train.compression import dequantize, quantize
+from pipeline.train.config import TrainConfig
 from pipeline.train.faults import Fault
 
 

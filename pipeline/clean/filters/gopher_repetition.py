@@ -156,7 +156,7 @@ def signals(text: str, word_hashes: np.ndarray, word_lengths: np.ndarray) -> dic
 
 def rules(config, languages: Sequence[str]) -> list[Rule]:
     """In datatrove's order: paragraphs, lines, top n-grams, duplicated n-grams."""
-    from pipeline.core.config import GopherRepetitionConfig
+    from pipeline.clean.config import GopherRepetitionConfig
 
     names = [
         ("dup_para_frac", "max_dup_para_frac"),

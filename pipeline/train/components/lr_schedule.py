@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.core.config import TrainConfig
+from pipeline.train.config import TrainConfig
 
 
 def warmup_cosine(train: TrainConfig) -> Callable[[int], float]:

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import torch
 
-from pipeline.core.config import TrainConfig
+from pipeline.train.config import TrainConfig
 
 # Dense bf16/fp16 tensor-core peaks (no sparsity) by device name, for MFU when train.peak_flops is unset.
 PEAK_FLOPS_16BIT = (

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from pipeline.core.config import TrainConfig
+from pipeline.train.config import TrainConfig
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

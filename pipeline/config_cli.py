@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.core.cli import resolve, run_cli, stage_parser
+from pipeline.entrypoint import resolve, run_cli, stage_parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,35 @@
+"""The `dedup` config section: URL, exact and MinHash-LSH near-duplicate removal (docs/dedup.md)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipeline.core.config import Section
+
+
+class DedupConfig(Section):
+    """Exact, near-duplicate (MinHash LSH) and URL de-duplication; see docs/dedup.md."""
+
+    url_dedup: bool = Field(True, description="keep only the newest fetch of each canonical URL")
+    exact: bool = Field(True, description="drop documents whose normalised text equals a smaller id's")
+    near: bool = Field(True, description="drop near-duplicates found by MinHash LSH")
+    threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard similarity of shingle sets")
+    ngram_size: int = Field(5, ge=1, le=64, description="words per shingle")
+    cjk_ngram_size: int = Field(5, ge=1, le=64, description="characters per shingle in CJK text")
+    num_perm: int = Field(128, ge=1, le=1024, description="most permutations bands x rows may use")
+    bands: int | None = Field(None, ge=1, description="set with rows to skip the threshold search")
+    rows: int | None = Field(None, ge=1)
+    false_positive_weight: float = Field(0.05, ge=0)
+    false_negative_weight: float = Field(0.95, ge=0)
+    verify: bool = Field(True, description="keep only candidate pairs whose true Jaccard >= threshold")
+    max_iterations: int = Field(64, gt=0, description="rounds of connected components before giving up")
+
+    @model_validator(mode="after")
+    def _banding(self) -> DedupConfig:
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("set both bands and rows, or neither (then they come from threshold)")
+        if self.bands is not None and self.bands * self.rows > 4096:
+            raise ValueError(f"bands x rows = {self.bands * self.rows} permutations; at most 4096")
+        if self.false_positive_weight + self.false_negative_weight == 0:
+            raise ValueError("false_positive_weight and false_negative_weight cannot both be 0")
+        return self

@@ -1,0 +1,125 @@
+"""What every stage entrypoint shares: its arguments, its start-up, and one-line errors.
+
+Each ``python -m pipeline.<package>`` (and so `pretrain <stage>` and spark-submit) goes through
+``stage_main``: the stage's inputs default to what the registry (``pipeline.stages``) says it reads, the
+config is resolved and validated before any work starts, and the run is recorded in MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
+from pipeline.core.logs import setup_logging
+from pipeline.core.storage import DatasetRef, MissingInputError, validate_snapshot
+from pipeline.stages import stage as registered_stage
+
+
+def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "config precedence: defaults < --config YAML < PRETRAIN__SECTION__KEY env vars < --set\n"
+            "example: %(prog)s --snapshot 2026-11-29 --set project.corpus=web --set spark.master=local[4]"
+        ),
+    )
+    parser.add_argument("--config", "-c", metavar="YAML", help="config file (default: built-in defaults)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. train.steps=100 (repeatable)",
+    )
+    parser.add_argument(
+        "--snapshot",
+        default=None,
+        help="snapshot name; default: today's UTC date (Airflow passes its logical date)",
+    )
+    return parser
+
+
+def add_input_stage_argument(parser: argparse.ArgumentParser, stage: str) -> None:
+    """``--input-stage`` for a stage that reads one other stage, defaulting to the registry's."""
+    default = registered_stage(stage).default_input
+    if default is not None:
+        parser.add_argument(
+            "--input-stage", default=default, help=f"stage whose output to read (default: {default})"
+        )
+
+
+def default_snapshot() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def resolve(args: argparse.Namespace) -> tuple[PipelineConfig, str]:
+    config = load_config(args.config, args.overrides)
+    snapshot = validate_snapshot(args.snapshot or default_snapshot())
+    return config, snapshot
+
+
+def start_logging(config: PipelineConfig, component: str, rank: int | None = None) -> Path:
+    """ECS log files and the console, plus the in-process Elasticsearch shipper when configured."""
+    log_file = setup_logging(config, component, rank=rank)
+    if config.logging.ship_in_process:
+        # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).
+        from pipeline.tracking.log_shipper import start_background_shipper
+
+        start_background_shipper(config)
+    return log_file
+
+
+def announce_data_root(config: PipelineConfig, stage: str, snapshot: str) -> None:
+    """One line on stderr before any work, so nobody wonders where the output went."""
+    print(f"{stage} {snapshot}: data root {config.project.data_root}", file=sys.stderr, flush=True)
+
+
+def stage_main(
+    argv: list[str] | None,
+    *,
+    stage: str,
+    description: str,
+    run: Callable,
+    component: str | None = None,
+) -> int:
+    """The shared body of every `python -m pipeline.<package>` entrypoint.
+
+    Parses --config/--set/--snapshot (and --input-stage, defaulting to the stage the registry says it
+    reads), sets up logging, calls ``run(config, inputs, output)`` inside an MLflow stage run
+    (``pipeline.tracking.mlflow_runs``) and prints the published output folder.
+    """
+    parser = stage_parser(f"pretrain {stage}", description)
+    add_input_stage_argument(parser, stage)
+    args = parser.parse_args(argv)
+    config, snapshot = resolve(args)
+    announce_data_root(config, stage, snapshot)
+    reads = registered_stage(stage).reads
+    input_stages = [args.input_stage, *reads[1:]] if reads else []
+    # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
+    inputs = [DatasetRef.of(config, name, snapshot).require() for name in input_stages]
+    start_logging(config, component or stage)
+    # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
+    from pipeline.tracking.mlflow_runs import track_stage
+
+    with track_stage(config, stage, snapshot, inputs) as tracking:
+        manifest = run(config, inputs, DatasetRef.of(config, stage, snapshot))
+        tracking.record(manifest)
+    print(manifest.path)
+    return 0
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
+    try:
+        return main(argv)
+    except (ConfigError, MissingInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

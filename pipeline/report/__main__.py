@@ -1,0 +1,20 @@
+"""`python -m pipeline.report` / `pretrain report`: record a training run in MLflow and register its model.
+
+Reads train/<snapshot>/ (checkpoints, metrics.jsonl) and completes the training's MLflow run: params,
+metrics, plots, sample generations, the model, and a Model Registry version (tracking.register_model).
+Writes report/<snapshot>/mlflow_run.json.
+"""
+
+from __future__ import annotations
+
+from pipeline.entrypoint import run_cli, stage_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.tracking.mlflow_report import run
+
+    return stage_main(argv, stage="report", description=__doc__, run=run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

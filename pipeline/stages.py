@@ -1,0 +1,187 @@
+"""The stage registry: every stage of the pipeline, declared once, in pipeline order.
+
+A stage reads the outputs of the stages it names in ``reads`` under ``<data_root>/<corpus>/<stage>/<snapshot>/``
+and writes its own. Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
+subcommands, each ``python -m pipeline.<package>`` entrypoint (its default inputs), the config tree (each
+stage's sections), the Airflow operators (how a stage runs) and the DAGs (which tasks, in which order).
+Adding a stage is one entry below.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.clean.config import CleanConfig
+from pipeline.core.config import Section
+from pipeline.crawl.config import CrawlConfig
+from pipeline.data.config import DataConfig
+from pipeline.dedup.config import DedupConfig
+from pipeline.model.section import ModelSection
+from pipeline.quality.config import QualityConfig
+from pipeline.tokenization.config import TokenizeConfig, TokenizerConfig
+from pipeline.tracking.config import TrackingConfig
+from pipeline.train.config import DistributedConfig, TrainConfig
+
+Runner = Literal["python", "spark", "torchrun"]
+Group = Literal["corpus", "training"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: what it is called, where its code is, what it reads, how it runs."""
+
+    name: str  # the `pretrain` subcommand and the output folder's name
+    package: str  # `python -m <package>` runs it; spark-submit runs <package>/__main__.py
+    reads: tuple[str, ...]  # stages whose outputs (same snapshot) it reads, the first one by default
+    runner: Runner  # python: a process of its own; spark: a Spark application; torchrun: distributed training
+    group: Group  # corpus: made from a crawl by corpus_ingest; training: made from token shards by pretrain
+    help: str
+    sections: Mapping[str, type[Section]] = field(default_factory=dict)  # config sections it owns
+    report: bool = False  # read by people, not by a later stage: backfills and the demo leave it out
+
+    @property
+    def entrypoint(self) -> str:
+        return f"{self.package}.__main__"
+
+    @property
+    def default_input(self) -> str | None:
+        return self.reads[0] if self.reads else None
+
+    def application_file(self) -> str:
+        """The file spark-submit runs: the stage's ``__main__.py``."""
+        spec = importlib.util.find_spec(self.entrypoint)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"stage {self.name!r}: no module {self.entrypoint}")
+        return spec.origin
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        name="crawl",
+        package="pipeline.crawl",
+        reads=(),
+        runner="python",
+        group="corpus",
+        help="crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
+        sections={"crawl": CrawlConfig},
+    ),
+    Stage(
+        name="clean",
+        package="pipeline.clean",
+        reads=("crawl",),
+        runner="spark",
+        group="corpus",
+        help="Spark: extract main text, normalise, language id, FineWeb-recipe filters, PII redaction",
+        sections={"clean": CleanConfig},
+    ),
+    Stage(
+        name="dedup",
+        package="pipeline.dedup",
+        reads=("clean",),
+        runner="spark",
+        group="corpus",
+        help="Spark: URL, exact and MinHash-LSH near-duplicate removal",
+        sections={"dedup": DedupConfig},
+    ),
+    Stage(
+        name="quality",
+        package="pipeline.quality",
+        reads=("dedup",),
+        runner="spark",
+        group="corpus",
+        help="data-quality report on the finished documents: report.html, metrics.json, plots",
+        sections={"quality": QualityConfig},
+        report=True,
+    ),
+    Stage(
+        name="tokenize",
+        package="pipeline.tokenization",
+        reads=("dedup",),
+        runner="spark",
+        group="corpus",
+        help="train a byte-level BPE and encode the finished documents into token shards",
+        sections={"tokenizer": TokenizerConfig, "tokenize": TokenizeConfig},
+    ),
+    Stage(
+        name="train",
+        package="pipeline.train",
+        reads=("tokenize",),
+        runner="torchrun",
+        group="training",
+        help="train the model on token shards with torchrun (DDP / ZeRO-1); launches torchrun for you",
+        sections={
+            "data": DataConfig,
+            "model": ModelSection,
+            "train": TrainConfig,
+            "distributed": DistributedConfig,
+        },
+    ),
+    Stage(
+        name="report",
+        package="pipeline.report",
+        reads=("train",),
+        runner="python",
+        group="training",
+        help="complete the training run in MLflow (metrics, plots, samples, model) and register the model",
+        sections={"tracking": TrackingConfig},
+    ),
+)
+
+
+def _checked(stages: tuple[Stage, ...]) -> dict[str, Stage]:
+    """Names are unique and every stage reads only stages declared before it (so the order is a valid run order)."""
+    by_name: dict[str, Stage] = {}
+    for entry in stages:
+        if entry.name in by_name:
+            raise ValueError(f"stage {entry.name!r} is declared twice")
+        unknown = [name for name in entry.reads if name not in by_name]
+        if unknown:
+            raise ValueError(f"stage {entry.name!r} reads {unknown}, which are not declared before it")
+        by_name[entry.name] = entry
+    return by_name
+
+
+BY_NAME: dict[str, Stage] = _checked(STAGES)
+
+
+def stage(name: str) -> Stage:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown stage {name!r}; the stages are {[s.name for s in STAGES]}") from None
+
+
+def config_sections() -> dict[str, type[Section]]:
+    """Every stage's config sections, in pipeline order; each section has one owner."""
+    sections: dict[str, type[Section]] = {}
+    for entry in STAGES:
+        for name, section in entry.sections.items():
+            if name in sections:
+                raise ValueError(f"config section {name!r} is declared by two stages")
+            sections[name] = section
+    return sections
+
+
+def downstream(of: str, stages: Iterable[Stage] = STAGES) -> list[Stage]:
+    """The stages that read ``of``'s output, directly or through others, in pipeline order."""
+    reached = {of}
+    found = []
+    for entry in stages:
+        if reached.intersection(entry.reads):
+            reached.add(entry.name)
+            found.append(entry)
+    return found
+
+
+def group(name: Group, *, reports: bool = True) -> list[Stage]:
+    """A group's stages in pipeline order, with or without the reports that no later stage reads."""
+    return [entry for entry in STAGES if entry.group == name and (reports or not entry.report)]
+
+
+def training_input() -> Stage:
+    """The corpus stage whose output training reads: the token shards corpus_ingest announces."""
+    first_training = group("training")[0]
+    return stage(first_training.default_input)

@@ -1,0 +1,105 @@
+"""The `train` and `distributed` config sections; docs/training.md explains each group of keys."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.core.config import Section
+
+
+class TrainConfig(Section):
+    """The trainer (pipeline.train); docs/training.md explains each group of keys."""
+
+    steps: int = Field(40, gt=0, description="optimizer steps")
+    batch_size: int = Field(8, gt=0, description="sequences per rank per micro-step")
+    seq_len: int = Field(64, gt=1)
+    grad_accum: int = Field(1, gt=0, description="micro-steps per optimizer step")
+    lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr x this")
+    warmup_steps: int = Field(5, ge=0, description="linear warm-up steps before the cosine")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decay of matrices; norms and biases get none")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm to this; 0 disables")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="bf16: autocast; fp16: autocast + dynamic loss scaling (GradScaler)"
+    )
+    data_parallel: Literal["ddp", "zero1"] = Field(
+        "ddp", description="zero1: DDP plus ZeroRedundancyOptimizer (optimizer state sharded over ranks)"
+    )
+    grad_compression: Literal["none", "fp16", "bf16", "powersgd", "int8"] = Field(
+        "none", description="DDP communication hook for the gradient all-reduce"
+    )
+    powersgd_rank: int = Field(1, ge=1, description="PowerSGD matrix approximation rank")
+    powersgd_start_step: int = Field(
+        10, ge=2, description="PowerSGD: plain all-reduce for the steps before this one"
+    )
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size")
+    document_masking: bool = Field(
+        True, description="attend only within each packed document (the loader's document_ids)"
+    )
+    compile: bool = Field(False, description="torch.compile the model")
+    keep_host_memory: bool = Field(
+        True,
+        description="CPU training on glibc: keep memory freed after a step for the next one instead of "
+        "returning it to the OS and page-faulting it back (pins malloc's mmap and trim thresholds)",
+    )
+    log_every: int = Field(1, gt=0, description="log metrics every N steps (and the last)")
+    eval_every: int = Field(0, ge=0, description="validation loss every N steps; 0: only at the end")
+    eval_sequences: int = Field(64, gt=0, description="validation windows per evaluation (all ranks)")
+    histogram_every: int = Field(
+        20, ge=0, description="TensorBoard weight and gradient histograms every N steps; 0 disables"
+    )
+    checkpoint_every: int = Field(20, gt=0, description="also on SIGTERM and at the end")
+    keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
+    resume: bool = Field(
+        True,
+        description="continue from the newest checkpoint of this snapshot's unfinished run; "
+        "false discards it and starts over",
+    )
+    peak_flops: float | None = Field(
+        None,
+        gt=0,
+        description="peak FLOP/s of one device for MFU; default: known GPUs in bf16/fp16, else no MFU",
+    )
+    nproc_per_node: int = Field(2, gt=0, description="processes torchrun starts on each node")
+    nnodes: int = Field(1, gt=0, description="nodes (torchrun agents); above 1 they meet at rdzv_endpoint")
+    min_nnodes: int | None = Field(
+        None, gt=0, description="elastic: keep going with as few as this many nodes (--nnodes=min:max)"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="torchrun restarts the worker group this often after a failure"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
+        if self.min_nnodes is not None and self.min_nnodes > self.nnodes:
+            raise ValueError(f"min_nnodes ({self.min_nnodes}) must not exceed nnodes ({self.nnodes})")
+        return self
+
+
+class DistributedConfig(Section):
+    """torch.distributed process group; under torchrun the env:// defaults need no change."""
+
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl on GPU, gloo on CPU")
+    init_method: str = Field("env://", description="env://, tcp://host:port or file:///path")
+    world_size: int | None = Field(None, gt=0, description="taken from torchrun's WORLD_SIZE when unset")
+    rank: int | None = Field(None, ge=0, description="taken from torchrun's RANK when unset")
+    timeout_s: float = Field(1800.0, gt=0, description="collective timeout")
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the c10d rendezvous when nnodes > 1 (default 127.0.0.1:29400)"
+    )
+    rdzv_id: str | None = Field(None, description="rendezvous id; default <corpus>-<snapshot>")
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> DistributedConfig:
+        if (self.world_size is None) != (self.rank is None):
+            raise ValueError("set distributed.world_size and distributed.rank together, or neither")
+        if self.rank is not None and self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is outside a world of {self.world_size}")
+        if self.init_method != "env://" and self.rank is None:
+            raise ValueError(f"init_method {self.init_method!r} needs distributed.world_size and rank")
+        return self
