@@ -33,7 +33,8 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a sensible setting (train.lr=.inf trained to NaN losses and published).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ProjectConfig(Section):
@@ -148,12 +149,36 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
                 )
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader without anchors and aliases: a few hundred bytes of nested aliases (a "billion laughs"
+    document) expand to billions of nodes once something walks the tree. No config needs them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"YAML aliases (*name) are not accepted in config (line {mark.line + 1})")
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def _parse_scalar(text: str) -> Any:
     """`--set train.steps=10` gives an int, `=[a, b]` a list, `=null` None: YAML scalar rules."""
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text)
     except yaml.YAMLError:
         return text
+
+
+MAX_SHOWN_CHARS = 200  # an error echoes at most this much of a bad value
+MAX_SHOWN_ERRORS = 10
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} chars)"
 
 
 def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
@@ -177,12 +202,15 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
 
 def _format_validation_error(error: ValidationError) -> str:
     lines = []
-    for item in error.errors():
+    errors = error.errors()
+    for item in errors[:MAX_SHOWN_ERRORS]:
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
         message = item["msg"].removeprefix("Value error, ")
         shown = item.get("input")
-        suffix = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict) else ""
+        suffix = f" (got {_shown(shown)})" if shown is not None and not isinstance(shown, dict) else ""
         lines.append(f"{key}: {message}{suffix}")
+    if len(errors) > MAX_SHOWN_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_SHOWN_ERRORS} more")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
@@ -190,7 +218,7 @@ def _read_yaml_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loaded = _load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})"

@@ -8,17 +8,22 @@ from pydantic import Field, model_validator
 
 from pipeline.core.config import Section
 
+# Sane bounds, checked before any work: a typo such as a 23-digit step count or a 10^8-token sequence
+# otherwise runs until killed or dies allocating the RoPE tables.
+MAX_STEPS = 10**9
+MAX_SEQ_LEN = 1 << 17
+
 
 class TrainConfig(Section):
     """The trainer (pipeline.train); docs/training.md explains each group of keys."""
 
-    steps: int = Field(40, gt=0, description="optimizer steps")
-    batch_size: int = Field(8, gt=0, description="sequences per rank per micro-step")
-    seq_len: int = Field(64, gt=1)
-    grad_accum: int = Field(1, gt=0, description="micro-steps per optimizer step")
-    lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
+    steps: int = Field(40, gt=0, le=MAX_STEPS, description="optimizer steps")
+    batch_size: int = Field(8, gt=0, le=1 << 16, description="sequences per rank per micro-step")
+    seq_len: int = Field(64, gt=1, le=MAX_SEQ_LEN, description="tokens per training sequence")
+    grad_accum: int = Field(1, gt=0, le=1 << 16, description="micro-steps per optimizer step")
+    lr: float = Field(3e-3, gt=0, le=10, description="peak learning rate (AdamW)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr x this")
-    warmup_steps: int = Field(5, ge=0, description="linear warm-up steps before the cosine")
+    warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="linear warm-up steps before the cosine")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay of matrices; norms and biases get none")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm to this; 0 disables")

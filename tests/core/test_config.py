@@ -42,6 +42,12 @@ def test_hash_changes_with_any_value():
         ("model.overrides.hidden_size=130", "model"),
         ("project.corpus=bad/name", "project.corpus"),
         ("clean.min_chars=5000000", "clean"),
+        ("train.lr=.inf", "train.lr"),
+        ("train.lr=.nan", "train.lr"),
+        ("dedup.threshold=.nan", "dedup.threshold"),
+        ("train.seq_len=100000000", "train.seq_len"),
+        ("train.steps=12345678901234567890123", "train.steps"),
+        ("crawl.download_delay=.inf", "crawl.download_delay"),
     ],
 )
 def test_bad_value_names_the_key(override: str, names: str):
@@ -118,3 +124,34 @@ def test_flat_covers_every_leaf():
     flat = PipelineConfig().flat()
     assert flat["train.steps"] == 40
     assert all(not isinstance(value, dict) or value == {} for value in flat.values())
+
+
+BILLION_LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)]
+)
+
+
+def test_a_yaml_bomb_in_a_config_file_is_refused_before_it_expands(tmp_path: Path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(
+        f"train:\n  extra:\n{''.join('    ' + line + chr(10) for line in BILLION_LAUGHS.splitlines())}"
+    )
+    with pytest.raises(ConfigError, match=r"YAML aliases \(\*name\) are not accepted"):
+        load_config(bomb, environ={})
+
+
+def test_a_yaml_bomb_in_an_override_is_refused():
+    flow = (
+        "[&a [x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a], [*b, *b, *b, *b, *b, *b, *b, *b]]"
+    )
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config(overrides=[f"clean.languages={flow}"], environ={})
+
+
+def test_an_error_echoes_a_bounded_part_of_a_huge_value():
+    huge = "[" + ", ".join(["xx"] * 50_000) + "]"
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[f"clean.languages={huge}", f"crawl.seeds={huge}"], environ={})
+    assert len(str(error.value)) < 3000
+    assert "chars)" in str(error.value)
