@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 
 from operators import CrawlOperator
 from operators.assets import TOKEN_SHARDS, token_shards_extra
-from operators.defaults import DEFAULT_ARGS, run_params
+from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
 from operators.tasks import corpus_stages, crawl_shard_ids, stage_tasks
 from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
@@ -37,6 +37,7 @@ def corpus_ingest():
     @task
     def crawl_shards(params=None) -> list[int]:
         """The crawl's shard ids (crawl.num_shards, split by registered domain): one crawl task each."""
+        check_run_conf(get_current_context())
         return crawl_shard_ids(load_config(params["config_path"] or None, params["overrides"] or []))
 
     crawl_shard = CrawlOperator.partial(task_id="crawl_shard").expand(shard=crawl_shards())
@@ -45,8 +46,9 @@ def corpus_ingest():
     stages = stage_tasks(corpus_stages(reports=True), after=crawl)
 
     @task(outlets=[TOKEN_SHARDS])
-    def publish_token_shards(path: str, snapshot: str, params=None, outlet_events=None) -> str:
+    def publish_token_shards(path: str, params=None, ds=None, outlet_events=None) -> str:
         """Announce the snapshot's token shards: this event schedules `pretrain`."""
+        snapshot = run_snapshot(params, ds)
         manifest = Manifest.read(Path(path) / MANIFEST_NAME)
         outlet_events[TOKEN_SHARDS].extra = token_shards_extra(
             path=path,
@@ -57,7 +59,7 @@ def corpus_ingest():
         )
         return path
 
-    publish_token_shards(stages[training_input().name].output, snapshot="{{ params.snapshot or ds }}")
+    publish_token_shards(stages[training_input().name].output)
 
 
 corpus_ingest()

@@ -9,10 +9,10 @@ empty fields keep the config's values, and an empty snapshot means the newest to
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag, get_current_context, task
 
 from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
-from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT
+from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf
 from operators.pytorch_job import LAUNCHERS
 from operators.tasks import stage_tasks, training_stages
 from operators.training import resolve_training_run
@@ -113,6 +113,7 @@ def pretrain():
     @task
     def training_run(params=None, triggering_asset_events=None) -> dict[str, str]:
         """Resolve and validate this run's config into one file; XCom: its path and the snapshot."""
+        check_run_conf(get_current_context())
         return resolve_training_run(params, latest_token_shards_extra(triggering_asset_events))
 
     run = training_run()

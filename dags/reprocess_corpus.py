@@ -13,10 +13,10 @@ already processes each new day.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from operators.defaults import DEFAULT_ARGS, run_params
+from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
 from operators.tasks import corpus_stages, stage_tasks
 from pipeline.config import load_config
 from pipeline.core.storage import DatasetRef
@@ -36,8 +36,10 @@ from pipeline.core.storage import DatasetRef
 )
 def reprocess_corpus():
     @task(retries=0)
-    def stored_crawl(snapshot: str, params=None, dag_run=None) -> str:
+    def stored_crawl(params=None, dag_run=None, ds=None) -> str:
         """The stored crawl this run reprocesses; skips scheduled runs, fails when there is no crawl."""
+        check_run_conf(get_current_context())
+        snapshot = run_snapshot(params, ds)
         if dag_run.run_type == "scheduled":
             raise AirflowSkipException("reprocess_corpus acts on backfills and manual runs only")
         config = load_config(params["config_path"] or None, params["overrides"] or [])
@@ -50,7 +52,7 @@ def reprocess_corpus():
         return str(crawl.path)
 
     # Backfills re-make the data; the reports on it are corpus_ingest's.
-    stage_tasks(corpus_stages(reports=False), after=stored_crawl("{{ params.snapshot or ds }}"))
+    stage_tasks(corpus_stages(reports=False), after=stored_crawl())
 
 
 reprocess_corpus()

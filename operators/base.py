@@ -10,7 +10,9 @@ from typing import Any
 
 import psutil
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
+from operators.defaults import check_run_conf, run_snapshot
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.proc import kill_group
 
@@ -23,7 +25,7 @@ class PipelineOperator(BaseOperator):
     def __init__(
         self,
         *,
-        snapshot: str = "{{ params.snapshot or ds }}",
+        snapshot: str | None = None,
         config_path: str | None = "{{ params.config_path }}",
         overrides: list[str] | str = "{{ params.overrides }}",
         **kwargs: Any,
@@ -33,6 +35,17 @@ class PipelineOperator(BaseOperator):
         self.config_path = config_path
         self.overrides = overrides
         self._process: subprocess.Popen | None = None
+
+    def pre_execute(self, context) -> None:
+        """Before any work: reject misspelt conf keys, and settle the snapshot (default: the run's)."""
+        check_run_conf(context)
+        if self.snapshot is None:
+            self.snapshot = run_snapshot(context["params"], context.get("ds"))
+        elif not isinstance(self.snapshot, str):
+            raise AirflowFailException(
+                f"snapshot {self.snapshot!r} must be a string; a template rendered as a native object "
+                "turns names such as 20261201 into numbers: pass it through XCom or leave it unset"
+            )
 
     def override_list(self) -> list[str]:
         """Rendered templates are strings unless the DAG renders native objects; accept both."""

@@ -120,7 +120,8 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _unknown_key(part: str, known: Iterable[str]) -> str:
+def unknown_key_message(part: str, known: Iterable[str]) -> str:
+    """`unknown key 'stpes'; did you mean 'steps'? known: [...]`: the one wording for a misspelt key."""
     close = difflib.get_close_matches(part, list(known), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown key {part!r}; {hint}known: {sorted(known)}"
@@ -136,7 +137,9 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
         if fields is not None:
             if part not in fields:
                 where = ".".join(parts[:depth]) or "the top level"
-                raise ConfigError(f"{dotted}: {_unknown_key(part, fields)} under {where} (from {source})")
+                raise ConfigError(
+                    f"{dotted}: {unknown_key_message(part, fields)} under {where} (from {source})"
+                )
             annotation = fields[part].annotation
             model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
         if is_last:
@@ -161,7 +164,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 
 def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
+    return yaml.load(text, Loader=_NoAliasLoader)
 
 
 def _parse_scalar(text: str) -> Any:

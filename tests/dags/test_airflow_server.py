@@ -112,6 +112,16 @@ def test_trigger_pretrain_through_the_rest_api_with_a_form(airflow, sample_corpu
     assert mlflow_run.data.tags["airflow.run_id"] == run_id
 
 
+def test_a_misspelt_conf_key_fails_the_run_at_its_first_task(airflow):
+    """`{"conf": {"stpes": 10}}` used to be accepted and train the default 40 steps."""
+    airflow.unpause("pretrain")
+    run_id = airflow.trigger("pretrain", {"snapshot": "typo", "stpes": 10})
+    assert airflow.wait_for_run("pretrain", run_id) == "failed"
+    tasks = airflow.task_instances("pretrain", run_id)
+    assert tasks["training_run"]["state"] == "failed" and tasks["training_run"]["try_number"] == 1
+    assert tasks["train"]["state"] == "upstream_failed"
+
+
 def test_an_event_on_the_token_shards_asset_schedules_pretrain(airflow, sample_corpus):
     corpus_config, snapshot = sample_corpus
     publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "asset")
