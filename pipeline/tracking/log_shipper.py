@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -52,8 +53,30 @@ def document_id(relpath: str, offset: int, line: bytes) -> str:
     return digest.hexdigest()
 
 
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _without_lone_surrogates(value: Any) -> tuple[Any, bool]:
+    """``value`` with every lone surrogate (valid JSON escapes such as "\\ud800", but not encodable as UTF-8)
+    replaced by U+FFFD; and whether there was one."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value, False
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
+    if isinstance(value, dict):
+        pairs = [(_without_lone_surrogates(k), _without_lone_surrogates(v)) for k, v in value.items()]
+        return {k: v for (k, _), (v, _) in pairs}, any(kc or vc for (_, kc), (_, vc) in pairs)
+    if isinstance(value, list):
+        items = [_without_lone_surrogates(item) for item in value]
+        return [item for item, _ in items], any(changed for _, changed in items)
+    return value, False
+
+
 def to_document(line: bytes, relpath: str, offset: int) -> dict[str, Any]:
-    """The ECS line as a document, plus where it came from; a line that is not JSON is kept as text."""
+    """The ECS line as a document, plus where it came from; a line that is not JSON is kept as text, and
+    one whose strings cannot be UTF-8 (lone surrogate escapes) is shipped repaired and tagged."""
     try:
         doc = json.loads(line)
         if not isinstance(doc, dict):
@@ -64,6 +87,12 @@ def to_document(line: bytes, relpath: str, offset: int) -> dict[str, Any]:
             "tags": ["pretrain_unparsed"],
             "error": {"type": "unparsed_line", "message": str(exc)[:500]},
         }
+    repaired = False
+    if SURROGATE_ESCAPE.search(line):
+        doc, repaired = _without_lone_surrogates(doc)
+    if repaired:  # otherwise the spool cannot be written and shipping stalls on this line for ever
+        doc["tags"] = [*doc.get("tags", []), "pretrain_invalid_unicode"]
+        doc["error"] = {"type": "invalid_unicode", "message": "lone surrogate escapes replaced by U+FFFD"}
     if "@timestamp" not in doc:  # data streams require it
         doc["@timestamp"] = datetime.now(UTC).isoformat(timespec="milliseconds")
         doc["tags"] = [*doc.get("tags", []), "pretrain_ingest_timestamp"]
@@ -276,7 +305,8 @@ class LogShipper:
             with open(self.rejected_path, "a", encoding="utf-8") as handle:
                 for action, status, error in result.rejected:
                     handle.write(
-                        json.dumps({**action, "status": status, "error": error}, ensure_ascii=False) + "\n"
+                        # ASCII escapes: whatever the server sent back, the quarantine file can hold it
+                        json.dumps({**action, "status": status, "error": error}) + "\n"
                     )
             log.warning(
                 "Elasticsearch rejected %d log line(s) for good; kept in %s",

@@ -297,6 +297,34 @@ def test_unparsed_lines_are_kept_and_half_written_lines_wait(tmp_path, proxy, re
     assert_exactly_once(reader, data_stream, writer)
 
 
+def test_a_lone_surrogate_escape_is_repaired_tagged_and_shipping_goes_on(
+    tmp_path, proxy, reader, data_stream
+):
+    """A valid JSON line with "\\ud800" used to crash the spool writer on every run, so nothing after it was
+    ever read; inside a field the server rejects, it crashed writing rejected.ndjson."""
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["before"])
+    lone = b'{"@timestamp": "2026-11-29T00:00:00Z", "message": "half \\ud800 a pair"}'
+    rejected_too = (
+        b'{"@timestamp": "2026-11-29T00:00:00Z", "message": "x\\udfff", "pretrain": {"step": "not a number"}}'
+    )
+    with open(writer.path(0), "ab") as handle:
+        lone_offset = handle.tell()
+        handle.write(lone + b"\n" + rejected_too + b"\n")
+    writer.write(0, ["after"])
+    shipper = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    stats = shipper.ship_once()
+    assert (stats.read, stats.delivered, stats.rejected, stats.pending) == (4, 3, 1, 0)
+    repaired = next(doc for doc in stored(reader, data_stream) if doc["log"]["offset"] == lone_offset)
+    assert repaired["message"] == "half \ufffd a pair"
+    assert "pretrain_invalid_unicode" in repaired["tags"] and repaired["error"]["type"] == "invalid_unicode"
+    (quarantined,) = [json.loads(line) for line in shipper.rejected_path.open()]
+    assert quarantined["_source"]["message"] == "x\ufffd" and quarantined["status"] == 400
+    writer.expected[(writer.path(0).relative_to(tmp_path).as_posix(), lone_offset)] = "half \ufffd a pair"
+    assert_exactly_once(reader, data_stream, writer)
+    assert shipper.ship_once().read == 0  # the offsets moved past both lines
+
+
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "ship-logs", *args],
