@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.core.config import Section
 
@@ -47,6 +47,11 @@ class CrawlConfig(Section):
         default_factory=lambda: ["text/html", "application/xhtml+xml"],
         description="media types stored as pages; others are stopped after the headers",
     )
+    allow_wide_private_networks: bool = Field(
+        False,
+        description="let allowed_private_hosts name networks wider than /24 (IPv4) or /64 (IPv6), such as "
+        "10.0.0.0/8; without it such an entry is refused, since it may also allow cloud metadata addresses",
+    )
     allowed_private_hosts: list[str] = Field(
         default_factory=list,
         description="hosts, IPs or CIDR networks exempt from the private/loopback/link-local refusal",
@@ -72,10 +77,11 @@ class CrawlConfig(Section):
 
     @field_validator("allowed_private_hosts")
     @classmethod
-    def _valid_hosts(cls, hosts: list[str]) -> list[str]:
+    def _valid_hosts(cls, hosts: list[str], info: ValidationInfo) -> list[str]:
         from pipeline.crawl.safety import parse_allow_list
 
-        parse_allow_list(hosts)
+        # allow_wide_private_networks is declared first, so it is validated and here already
+        parse_allow_list(hosts, info.data.get("allow_wide_private_networks", False))
         return hosts
 
     @field_validator("host_addresses")

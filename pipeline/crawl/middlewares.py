@@ -7,6 +7,7 @@ download error), which :func:`pipeline.crawl.spiders.failure_reason` turns into 
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import logging
 import random
 import time
@@ -46,8 +47,19 @@ class AddressRefused(DNSLookupError):
     """Raised inside the resolver: Twisted then fails the connection as a lookup failure."""
 
 
+def is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def _policy(settings) -> AddressPolicy:
-    return AddressPolicy(list(settings.getlist("CRAWL_ALLOWED_PRIVATE_HOSTS")))
+    return AddressPolicy(
+        list(settings.getlist("CRAWL_ALLOWED_PRIVATE_HOSTS")),
+        allow_wide=settings.getbool("CRAWL_ALLOW_WIDE_PRIVATE_NETWORKS"),
+    )
 
 
 class GuardedResolver(CachingThreadedResolver):
@@ -81,17 +93,17 @@ class GuardedResolver(CachingThreadedResolver):
             settings.getdict("CRAWL_HOST_ADDRESSES"),
         )
 
-    def getHostByName(self, name: str, timeout=()):
-        def check(address: str) -> str:
-            category = self.policy.refusal(name, address)
-            if category is not None:
-                REFUSED_HOSTS[name] = f"{address} ({category})"
-                raise AddressRefused(f"{name} resolves to {address}, a {category} address")
-            return address
+    def check(self, name: str, address: str) -> str:
+        category = self.policy.refusal(name, address)
+        if category is not None:
+            REFUSED_HOSTS[name] = f"{address} ({category})"
+            raise AddressRefused(f"{name} resolves to {address}, a {category} address")
+        return address
 
+    def getHostByName(self, name: str, timeout=()):
         pinned = self.pinned.get(name.lower())
         resolved = defer.succeed(pinned) if pinned else super().getHostByName(name, timeout)
-        return resolved.addCallback(check)
+        return resolved.addCallback(lambda address: self.check(name, address))
 
 
 class AddressGuardMiddleware:
@@ -114,12 +126,16 @@ class AddressGuardMiddleware:
         if not host:
             return
         try:
-            await maybe_deferred_to_future(reactor.resolver.getHostByName(host))
+            if is_ip_literal(host):  # checked as written: a resolver may not take IPv6 literals
+                reactor.resolver.check(host, host)
+            else:
+                await maybe_deferred_to_future(reactor.resolver.getHostByName(host))
         except AddressRefused as exc:
             self.crawler.stats.inc_value("crawl/refused_private_address")
             raise CrawlRefusal(REFUSED_REASON, str(exc)) from None
-        except DNSLookupError:
-            return  # the download itself fails with a DNS error and is counted as such
+        except DNSLookupError as exc:
+            # Fail closed: an address we could not check is never handed to the downloader.
+            raise CrawlRefusal("dns_error", f"{host}: {exc}") from None
 
 
 class RobotsPolicyMiddleware(RobotsTxtMiddleware):

@@ -62,6 +62,7 @@ def spider_settings(config: PipelineConfig, sample_site: bool = False) -> dict[s
         "CRAWL_RETRY_BACKOFF_MAX": crawl.retry_backoff_max_s,
         "CRAWL_ALLOWED_CONTENT_TYPES": list(crawl.allowed_content_types),
         "CRAWL_ALLOWED_PRIVATE_HOSTS": list(crawl.allowed_private_hosts),
+        "CRAWL_ALLOW_WIDE_PRIVATE_NETWORKS": crawl.allow_wide_private_networks,
         "CRAWL_HOST_ADDRESSES": dict(crawl.host_addresses),
         "CRAWL_SEED": config.project.seed,
         "LOG_LEVEL": "DEBUG" if config.logging.level == "DEBUG" else "INFO",

@@ -20,10 +20,11 @@ def test_loopback_and_private_addresses_are_refused_unless_allow_listed(tmp_path
             site.url("/index.html", host="www.example.com"),
             site.url("/page/1.html", host="localhost"),  # resolves to 127.0.0.1 by the system resolver
             site.url("/page/2.html"),  # 127.0.0.1 itself
+            f"http://[::1]:{site.port}/page/3.html",  # an IPv6 literal: used to reach the downloader
         ]
         config = make_config(
             tmp_path,
-            f"crawl.seeds=[{', '.join(seeds)}]",
+            f"crawl.seeds=[{', '.join(repr(seed) for seed in seeds)}]",
             "crawl.allowed_private_hosts=[www.example.com]",
             "crawl.host_addresses={www.example.com: 127.0.0.1, internal.example.com: 10.0.0.7}",
             "crawl.download_delay=0",
@@ -38,6 +39,8 @@ def test_loopback_and_private_addresses_are_refused_unless_allow_listed(tmp_path
     by_host = {(row["domain"], path_of(row["url"])): row for row in rows}
     assert by_host["localhost", "/page/1.html"]["failure_reason"] == "refused_private_address"
     assert by_host["127.0.0.1", "/page/2.html"]["failure_reason"] == "refused_private_address"
+    (ipv6,) = [row for row in rows if "[::1]" in row["url"]]
+    assert ipv6["failure_reason"] == "refused_private_address" and ipv6["status"] is None
     site_rows = [row for row in rows if row["registered_domain"] == "example.com"]
     internal = row_for(site_rows, "/to-internal")
     assert internal["failure_reason"] == "refused_private_address", (
@@ -46,5 +49,5 @@ def test_loopback_and_private_addresses_are_refused_unless_allow_listed(tmp_path
     assert path_of(internal["url"]) == "/admin" and internal["status"] is None
     assert row_for(site_rows, "/to-metadata")["failure_reason"] == "redirect_off_site"
     assert row_for(site_rows, "/page/0.html")["status"] == 200
-    assert manifest.counters["by_reason"]["refused_private_address"] == 3
+    assert manifest.counters["by_reason"]["refused_private_address"] == 4
     assert manifest.counters["by_domain"]["localhost"]["by_reason"] == {"refused_private_address": 1}

@@ -89,7 +89,9 @@ def test_refusal_matches_the_registry(address):
 
 
 def test_allow_list_by_name_address_and_network():
-    policy = AddressPolicy(["localhost", "127.0.0.1", "10.0.0.0/8", "[::1]", "Crawl-Target.Example."])
+    policy = AddressPolicy(
+        ["localhost", "127.0.0.1", "10.0.0.0/8", "[::1]", "Crawl-Target.Example."], allow_wide=True
+    )
     assert policy.refusal("localhost", "127.0.0.5") is None, "a name exempts whatever it resolves to"
     assert policy.refusal("crawl-target.example", "192.168.1.1") is None
     assert policy.refusal("other", "127.0.0.1") is None
@@ -108,6 +110,38 @@ def test_bad_allow_list_entries_fail_at_config_time(entry, tmp_path):
         parse_allow_list([entry])
     with pytest.raises(ConfigError, match=r"crawl\.allowed_private_hosts"):
         make_config(tmp_path, f"crawl.allowed_private_hosts=['{entry}']")
+
+
+@pytest.mark.parametrize(
+    ("address", "category"),
+    [
+        ("2002:7f00:1::1", "loopback"),  # 6to4 of 127.0.0.1
+        ("2002:a9fe:a9fe::", "link_local"),  # 6to4 of 169.254.169.254
+        ("2002:c0a8:101::1", "private"),  # 6to4 of 192.168.1.1
+        ("64:ff9b::7f00:1", "loopback"),  # NAT64 of 127.0.0.1
+        ("64:ff9b::a9fe:a9fe", "link_local"),
+        ("64:ff9b:1::a00:1", "private"),  # local-use NAT64 of 10.0.0.1
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo, client 127.0.0.1 (obfuscated)
+    ],
+)
+def test_ipv6_addresses_that_carry_a_private_ipv4_are_refused_as_it(address, category):
+    assert AddressPolicy([]).refusal("some.host", address) == category
+
+
+def test_ipv6_transition_addresses_of_public_ipv4_pass():
+    assert AddressPolicy([]).refusal("h", "64:ff9b::808:808") is None  # NAT64 of 8.8.8.8
+    assert AddressPolicy([]).refusal("h", "2002:808:808::1") is None  # 6to4 of 8.8.8.8
+
+
+@pytest.mark.parametrize("entry", ["0.0.0.0/0", "10.0.0.0/8", "169.254.0.0/16", "::/0", "fc00::/7"])
+def test_a_wide_allow_list_entry_needs_the_explicit_setting(entry, tmp_path):
+    with pytest.raises(ConfigError, match=r"allow_wide_private_networks"):
+        make_config(tmp_path, f"crawl.allowed_private_hosts=['{entry}']")
+    config = make_config(
+        tmp_path, f"crawl.allowed_private_hosts=['{entry}']", "crawl.allow_wide_private_networks=true"
+    )
+    assert config.crawl.allowed_private_hosts == [entry]
+    make_config(tmp_path, "crawl.allowed_private_hosts=['10.1.2.0/24', 'fd00:1:2:3::/64', '127.0.0.1']")
 
 
 def test_config_rejects_seeds_and_pins_it_cannot_use(tmp_path):
@@ -163,3 +197,23 @@ def test_backoff_doubles_honours_retry_after_and_is_capped():
     assert middleware.backoff(1, retry_after=4.0) >= 4.0
     assert middleware.backoff(1, retry_after=3600.0) == 10.0
     assert middleware.backoff(10) == 10.0
+
+
+def test_a_failed_lookup_fails_closed_before_the_downloader(monkeypatch):
+    """A host whose address could not be checked is refused, not handed to the downloader."""
+    import scrapy
+    from twisted.internet import defer, reactor
+    from twisted.internet.error import DNSLookupError
+
+    from pipeline.crawl.middlewares import AddressGuardMiddleware, CrawlRefusal
+
+    class FailingResolver:
+        def getHostByName(self, name, timeout=()):
+            return defer.fail(DNSLookupError(name))
+
+    monkeypatch.setattr(reactor, "resolver", FailingResolver(), raising=False)
+    guard = AddressGuardMiddleware(crawler=None)
+    coroutine = guard.process_request(scrapy.Request("http://no-such-host.example/"))
+    with pytest.raises(CrawlRefusal) as refusal:
+        coroutine.send(None)
+    assert refusal.value.reason == "dns_error"
