@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef, MissingInputError, validate_snapshot
+from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, validate_snapshot
 from pipeline.stages import stage as registered_stage
 
 
@@ -120,6 +120,6 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
     try:
         return main(argv)
-    except (ConfigError, MissingInputError) as exc:
+    except (ConfigError, MissingInputError, StageFailure) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,11 @@ class MissingInputError(FileNotFoundError):
     """An upstream stage's output is absent or incomplete."""
 
 
+class StageFailure(RuntimeError):
+    """A stage ran and its result cannot be published (for example a crawl that stored no page); the
+    message says why and what to change. The CLI prints it as one line."""
+
+
 def local_path(root: str) -> Path:
     if root.startswith("file://"):
         root = root[len("file://") :]

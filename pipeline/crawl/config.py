@@ -61,6 +61,9 @@ class CrawlConfig(Section):
         description="pin host names to IP addresses, like curl --resolve; the address refusal still applies",
     )
     resume: bool = Field(True, description="continue a killed crawl of the same snapshot and shard")
+    allow_empty: bool = Field(
+        False, description="publish a crawl that stored no page (default: fail, listing the reasons)"
+    )
     warc_max_bytes: int = Field(1 << 30, gt=0, description="start a new WARC file beyond this size")
 
     @field_validator("seeds")

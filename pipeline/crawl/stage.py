@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import run_streaming
-from pipeline.core.storage import DatasetRef, MissingInputError, StageOutput
+from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, StageOutput
 from pipeline.crawl.crawler import JOB_DIR, LOCK_NAME, SPEC_NAME, CrawlSpec, ShardLock
 from pipeline.crawl.index import INDEX_SCHEMA, add_counts, crawl_counters, index_table, write_index
 from pipeline.crawl.journal import JournalState, read_journal
@@ -217,6 +217,8 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
         check_index(table, out.path)
         write_index(table, out.path / "index" / f"{name}.parquet")
         counters = {**crawl_counters(table), **_journal_counters(state), "shards": 1}
+        if num_shards == 1:
+            check_not_empty(config, output.snapshot, counters)  # the journal stays: a rerun resumes
         attempts = [_attempt_summary(path) for path in sorted(job.glob("stats.a*.json"))]
         shutil.rmtree(job)  # the journal's content is now the index; the lock goes with it
         lock.release()
@@ -232,6 +234,18 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
             counters=counters,
             extra={"shard": name, "seeds": seeds, "spider": config.crawl.spider, "attempts": attempts},
         )
+
+
+def check_not_empty(config: PipelineConfig, snapshot: str, counters: dict[str, Any]) -> None:
+    """A crawl that stored no page fails with its reasons, unless crawl.allow_empty says it may publish."""
+    if counters["fetched"] > 0 or config.crawl.allow_empty:
+        return
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(counters["by_reason"].items()))
+    raise StageFailure(
+        f"the crawl of snapshot {snapshot!r} stored no page: {counters['requests']} URL(s) tried"
+        f"{'; ' + reasons if reasons else ''}. Check the seeds and the log above, or set "
+        "crawl.allow_empty=true to publish an empty crawl"
+    )
 
 
 def _attempt_summary(path: Path) -> dict[str, Any]:
@@ -293,6 +307,7 @@ def merge_shards(config: PipelineConfig, output: DatasetRef) -> Manifest:
         index = pq.read_table(out.path / "index", schema=INDEX_SCHEMA)
         check_index(index, out.path)
         counters["per_shard"] = per_shard
+        check_not_empty(config, output.snapshot, counters)
         log.info(
             "merged %d shard(s): %d pages of %d URLs", num_shards, counters["fetched"], counters["requests"]
         )

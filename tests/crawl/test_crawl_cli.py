@@ -25,3 +25,28 @@ def test_bad_shard_arguments_fail_with_one_line(tmp_path, capsys):
         main([*common, "--shard", "0", "--merge"])
     assert exit_info.value.code == 2
     assert not (tmp_path / "sample").exists(), "nothing was written"
+
+
+@pytest.mark.slow
+def test_a_crawl_that_stores_no_page_fails_with_its_reasons_unless_allowed(tmp_path, capsys):
+    """It used to exit 0 and publish an empty snapshot, which clean then read without complaint."""
+    common = [
+        "crawl",
+        "--snapshot",
+        "empty",
+        "--set",
+        f"project.data_root={tmp_path}",
+        "--set",
+        "crawl.seeds=['http://127.0.0.1:9/nothing-here']",  # refused: a loopback address, not allow-listed
+        "--set",
+        "logging.console=false",
+    ]
+    assert main(common) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: the crawl of snapshot 'empty' stored no page: 1 URL(s) tried")
+    assert "refused_private_address 1" in error and "crawl.allow_empty=true" in error
+    assert not (tmp_path / "sample" / "crawl" / "empty").exists()
+
+    assert main([*common, "--set", "crawl.allow_empty=true"]) == 0
+    published = capsys.readouterr().out.strip().splitlines()[-1]
+    assert published.endswith("crawl/empty")
