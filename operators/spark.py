@@ -20,6 +20,7 @@ from typing import Any
 from airflow.exceptions import AirflowNotFoundException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Connection
 
 from operators.base import PipelineOperator
 from pipeline.config import PipelineConfig
@@ -50,13 +51,13 @@ class LocalDefaultSparkSubmitHook(SparkSubmitHook):
                 **self._conf,
             }
 
-    def _resolve_connection(self) -> dict[str, Any]:
-        resolved = super()._resolve_connection()
+    def get_connection(self, conn_id: str) -> Connection:
         try:
-            self.get_connection(self._conn_id)
+            return super().get_connection(conn_id)
         except AirflowNotFoundException:
-            resolved["master"] = self._default_master
-        return resolved
+            # No cluster named: local mode with the config's spark.master. The provider would log
+            # "Could not load connection string ..., defaulting to yarn" in every task, and mean YARN.
+            return Connection(conn_id=conn_id, conn_type="spark", host=self._default_master)
 
 
 class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):

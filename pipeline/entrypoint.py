@@ -8,6 +8,8 @@ config is resolved and validated before any work starts, and the run is recorded
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -119,7 +121,13 @@ def stage_main(
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
     try:
-        return main(argv)
+        code = main(argv)
+        sys.stdout.flush()  # a reader that went away (`pretrain config | head`) shows here, not at exit
+        return code
     except (ConfigError, MissingInputError, StageFailure) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # As a Unix tool does: stop quietly; what is still buffered goes nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

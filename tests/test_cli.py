@@ -61,3 +61,16 @@ def test_a_missing_input_fails_at_once_before_spark_or_mlflow_start(tmp_path):
     assert result.stderr.splitlines()[-1].startswith("error: no complete dedup output for snapshot 'nope'")
     assert "Traceback" not in result.stderr
     assert not (root / "mlflow.db").exists() and not (root / "_runs").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    """`pretrain config | head` printed a BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "config"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # the reader is gone before the first line is written
+    _, stderr = process.communicate(timeout=120)
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr, stderr.decode()
+    assert process.returncode == 141

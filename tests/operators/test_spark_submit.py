@@ -39,9 +39,25 @@ def confs(command):
     }
 
 
+class RecordingLogger:
+    def __init__(self):
+        self.lines = []
+
+    def __getattr__(self, level):
+        return lambda message, *args, **kwargs: self.lines.append(
+            (level, message % args if args else message)
+        )
+
+
 def test_without_a_connection_the_config_master_runs_locally(tmp_path, monkeypatch):
+    from operators.spark import LocalDefaultSparkSubmitHook
+
     monkeypatch.delenv("AIRFLOW_CONN_PRETRAIN_SPARK", raising=False)
+    hook_log = RecordingLogger()
+    monkeypatch.setattr(LocalDefaultSparkSubmitHook, "log", property(lambda self: hook_log))
     op, command = submit_command(tmp_path)
+    # The provider's "Could not load connection string pretrain_spark, defaulting to yarn", in every task:
+    assert not [line for line in hook_log.lines if "Could not load connection" in line[1]], hook_log.lines
     assert command[0] == "spark-submit"
     assert value_after(command, "--master") == "local[3]"  # not the provider's fallback, yarn
     assert value_after(command, "--driver-memory") == "3g"
