@@ -34,6 +34,19 @@ def kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
         process.wait()
 
 
+CHILD_LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+
+
+def log_child_line(logger: logging.Logger, line: str) -> None:
+    """One child output line as one log line: at the child's level when the line starts with one
+    (``WARNING scrapy.core.engine: ...``, as our children format their logs), else at INFO."""
+    level, _, rest = line.partition(" ")
+    if level in CHILD_LEVELS and rest:
+        logger.log(CHILD_LEVELS[level], "%s", rest)
+    else:
+        logger.info("%s", line)
+
+
 def run_streaming(
     cmd: Sequence[str],
     *,
@@ -49,7 +62,7 @@ def run_streaming(
     Any exception in the caller's thread (KeyboardInterrupt, an Airflow task kill) kills the group.
     """
     logger = logger or logging.getLogger(__name__)
-    emit = on_line or (lambda line: logger.info("%s", line))
+    emit = on_line or (lambda line: log_child_line(logger, line))
     process = subprocess.Popen(
         list(cmd),
         env=dict(env) if env is not None else None,

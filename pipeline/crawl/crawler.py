@@ -269,6 +269,8 @@ def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
         "STATS_DUMP": False,  # the stage records the stats in the manifest instead
         "LOG_LEVEL": "INFO",
         "LOGSTATS_INTERVAL": 0,
+        "LOG_VERSIONS": [],  # no dependency listing at every start
+        "LOG_FORMAT": "%(levelname)s %(name)s: %(message)s",  # the stage's log line stamps the time once
         "TWISTED_DNS_RESOLVER": f"{here}.GuardedResolver",
         # Scrapy 2.19's downloader, under the default asyncio reactor, starts every queued request of a slot
         # at once (the transfer is registered only when the scheduled task first runs), so

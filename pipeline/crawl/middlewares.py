@@ -41,6 +41,7 @@ class CrawlRefusal(IgnoreRequest):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.detail = detail
 
 
 class AddressRefused(DNSLookupError):
@@ -132,7 +133,7 @@ class AddressGuardMiddleware:
                 await maybe_deferred_to_future(reactor.resolver.getHostByName(host))
         except AddressRefused as exc:
             self.crawler.stats.inc_value("crawl/refused_private_address")
-            raise CrawlRefusal(REFUSED_REASON, str(exc)) from None
+            raise CrawlRefusal(REFUSED_REASON, exc.args[0] if exc.args else str(exc)) from None
         except DNSLookupError as exc:
             # Fail closed: an address we could not check is never handed to the downloader.
             raise CrawlRefusal("dns_error", f"{host}: {exc}") from None

@@ -162,8 +162,13 @@ class FrontierSpiderMixin:
         request = failure.request
         reason = failure_reason(failure.value, request)
         partial = getattr(failure.value, "response", None)
-        detail = str(failure.value) or type(failure.value).__name__
-        self.logger.info("%s: %s (%s)", reason, request.url, detail[:300])
+        detail = getattr(failure.value, "detail", None)  # a CrawlRefusal's text already names its reason
+        if detail is None:
+            detail = str(failure.value) or type(failure.value).__name__
+        if detail and detail != request.url:
+            self.logger.info("%s: %s (%s)", reason, request.url, detail[:300])
+        else:
+            self.logger.info("%s: %s", reason, request.url)
         yield {
             "kind": request.meta.get("kind", "page"),
             "request": request,

@@ -23,3 +23,20 @@ def test_pyspark_python_files_match_the_spark_jars():
 def test_pinned_torch_and_pandas():
     assert torch.__version__.split("+")[0] == "2.13.0"
     assert int(pandas.__version__.split(".")[0]) < 3, "pyspark does not fully support pandas 3"
+
+
+def test_a_child_line_is_logged_once_at_its_own_level(caplog):
+    import logging
+
+    from pipeline.core.proc import log_child_line
+
+    logger = logging.getLogger("test.child")
+    with caplog.at_level(logging.DEBUG, logger="test.child"):
+        log_child_line(logger, "WARNING scrapy.core.engine: slow site")
+        log_child_line(logger, "plain output line")
+        log_child_line(logger, "INFO")  # a bare word is not a level prefix
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "scrapy.core.engine: slow site"),
+        (logging.INFO, "plain output line"),
+        (logging.INFO, "INFO"),
+    ]

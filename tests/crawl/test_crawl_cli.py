@@ -50,3 +50,38 @@ def test_a_crawl_that_stores_no_page_fails_with_its_reasons_unless_allowed(tmp_p
     assert main([*common, "--set", "crawl.allow_empty=true"]) == 0
     published = capsys.readouterr().out.strip().splitlines()[-1]
     assert published.endswith("crawl/empty")
+
+
+@pytest.mark.slow
+def test_a_crawls_console_output_is_one_line_per_event(tmp_path):
+    """No Scrapy version dump, one timestamp per line, and a refusal named once, not twice."""
+    import re
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "crawl",
+            "--snapshot",
+            "quiet",
+            "--set",
+            f"project.data_root={tmp_path}",
+            "--set",
+            "crawl.seeds=['http://127.0.0.1:9/refused']",
+            "--set",
+            "crawl.allow_empty=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert not any("Versions:" in line or "'lxml'" in line for line in lines), result.stderr
+    assert not [line for line in lines if len(re.findall(r"\d\d:\d\d:\d\d", line)) > 1], result.stderr
+    (refusal,) = [line for line in lines if "refused_private_address: http://127.0.0.1:9/refused" in line]
+    assert refusal.count("refused_private_address") == 1, refusal
+    assert "Traceback" not in result.stderr
