@@ -84,6 +84,20 @@ def setup_logging(
         setattr(console, _HANDLER_MARK, True)
         root.addHandler(console)
 
-    for noisy in ("py4j", "urllib3", "filelock", "matplotlib", "alembic", "scrapy.core.scraper"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_libraries(config.logging.level)
     return log_file
+
+
+NOISY_LIBRARIES = ("py4j", "urllib3", "filelock", "matplotlib", "alembic", "scrapy.core.scraper")
+# Retry warnings with a full traceback each while a server is down; the caller reports the outcome once.
+RETRYING_CLIENTS = ("elastic_transport",)
+
+
+def quiet_libraries(level: str) -> None:
+    """Libraries log what they do, not what happened: keep them to warnings (clients' retries to errors)
+    unless the configured level is DEBUG."""
+    debug = level == "DEBUG"
+    for name in NOISY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
+    for name in RETRYING_CLIENTS:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.ERROR)

@@ -37,6 +37,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
+from pipeline.core.logs import quiet_libraries
 from pipeline.core.storage import local_path
 
 log = logging.getLogger(__name__)
@@ -455,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.logging.level, format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S"
     )
+    quiet_libraries(config.logging.level)
     shipper = LogShipper.from_config(config, args.url, args.data_stream)
     target = f"{shipper.sink.url} {shipper.sink.data_stream}"
     if args.follow:

@@ -355,6 +355,22 @@ def test_cli_quarantines_a_rejected_line_and_exits_nonzero(tmp_path, proxy, read
     assert again.returncode == 0 and "read 0 line(s)" in again.stdout
 
 
+def test_cli_while_elasticsearch_is_down_reports_once_without_tracebacks(tmp_path):
+    """The client's retry warnings each carried a traceback: six of them for one run."""
+    import socket
+
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["waits for the server"])
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    result = run_cli("--url", url, "--set", f"project.data_root={tmp_path}")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "pending 1" in result.stdout and "error: " in result.stdout
+    assert "run ship-logs again" in result.stderr
+
+
 def test_cli_without_url_is_a_clear_config_error(tmp_path):
     result = run_cli("--set", f"project.data_root={tmp_path}", env={"ELASTICSEARCH_URL": ""})
     assert result.returncode == 2
