@@ -44,21 +44,22 @@ check-java:
 demo: $(STAMP) check-java
 	$(BIN)/python -m pipeline.demo
 
-# One command for a local Airflow 3: api-server (UI + REST), scheduler, dag-processor and triggerer, with
-# SQLite (writers wait up to 120 s for its lock) and the LocalExecutor in .airflow/. The admin password is printed and kept in
-# .airflow/simple_auth_manager_passwords.json.generated. Stop with Ctrl-C.
+# One command for a local Airflow 3: api-server (UI + REST), scheduler, dag-processor and triggerer, all on
+# 127.0.0.1 (no log servers), with SQLite in WAL mode and the LocalExecutor in .airflow/ (operators/local_airflow.py).
+# The admin password is printed and kept in .airflow/simple_auth_manager_passwords.json.generated. Stop with Ctrl-C.
 AIRFLOW_PORT ?= 8080
 airflow: $(STAMP) check-java
 	AIRFLOW_HOME=$(CURDIR)/.airflow \
 	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin \
+	AIRFLOW__CORE__EXECUTOR=LocalExecutor \
 	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$(CURDIR)/.airflow/airflow.db?timeout=120" \
 	AIRFLOW__API__HOST=127.0.0.1 \
 	AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
 	AIRFLOW__API__BASE_URL=http://127.0.0.1:$(AIRFLOW_PORT) \
 	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
-	$(BIN)/airflow standalone
+	$(BIN)/python -m operators.local_airflow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+from operators import local_airflow
+
+COMPONENTS = tuple(local_airflow.COMPONENTS)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,6 +67,7 @@ class LocalAirflow:
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -89,17 +91,10 @@ class LocalAirflow:
         return done
 
     def start(self, deadline_s: float = 600.0) -> LocalAirflow:
+        """The components as `make airflow` starts them (operators.local_airflow)."""
         self.home.mkdir(parents=True, exist_ok=True)
-        self.airflow("db", "migrate")
-        for component in COMPONENTS:
-            log = open(self.home / f"{component}.log", "w")  # noqa: SIM115 - closed with the process
-            self.processes[component] = subprocess.Popen(
-                [str(Path(sys.executable).parent / "airflow"), component],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        local_airflow.prepare(self.env)
+        self.processes = local_airflow.start(self.env, logs=self.home)
         self.wait(self._healthy, "all four components to report healthy", deadline_s)
         return self
 
@@ -117,17 +112,7 @@ class LocalAirflow:
         )
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            if process.stdout:
-                process.stdout.close()
+        local_airflow.stop(self.processes)
         self.processes.clear()
 
     def log_tail(self, component: str, lines: int = 40) -> str:

@@ -64,6 +64,22 @@ def run_path(run_id: str) -> str:
     return urllib.request.quote(run_id)
 
 
+def test_every_component_listens_on_loopback_only_and_sqlite_runs_in_wal_mode(airflow):
+    """`make airflow` used to open the scheduler's and triggerer's log servers on 0.0.0.0 (8793, 8794)."""
+    import sqlite3
+
+    listening = []
+    for process in airflow.processes.values():
+        for member in [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]:
+            for connection in member.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    listening.append((member.name(), connection.laddr.ip, connection.laddr.port))
+    assert any(port == airflow.port for _, _, port in listening), listening
+    assert all(ip in ("127.0.0.1", "::1") for _, ip, _ in listening), listening
+    with sqlite3.connect(airflow.home / "airflow.db") as database:
+        assert database.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
 def test_trigger_pretrain_through_the_rest_api_with_a_form(airflow, sample_corpus):
     corpus_config, snapshot = sample_corpus
     publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "rest")
