@@ -144,7 +144,7 @@ def write_model_artifact(
         "checkpoint": str(checkpoint),
         "sha256": sha256_file(checkpoint),
         "bytes": checkpoint.stat().st_size,
-        "step": state.get("step"),
+        "step": state["train_state"]["step"],
         "config_hash": state.get("config_hash"),
         "format": config.tracking.checkpoint_artifact,
     }
