@@ -1,4 +1,4 @@
-# Two commands: `make demo` runs the whole pipeline, `make test` runs the tests.
+# Two commands: `make demo` runs the whole pipeline, `make test` runs the tests (`make test-fast`: all but the slow ones).
 # Both create .venv from the pinned requirements.lock when it is missing or stale.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -9,11 +9,12 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test lint format check-java venv bench-venv clean-data help es-test airflow
+.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
+	@echo "make test-fast  lint, then the tests not marked slow (no Spark, Scrapy crawl, torchrun, Airflow, nvcc, servers)"
 	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
@@ -71,6 +72,11 @@ format: $(STAMP)
 
 test: $(STAMP) check-java lint
 	$(BIN)/python -m pytest
+
+# The tests not marked slow (setup.cfg): nothing that starts Spark, a Scrapy crawl, torchrun, Airflow, nvcc or an
+# MLflow/TensorBoard server, so no Java either. `make test` still runs everything.
+test-fast: $(STAMP) lint
+	$(BIN)/python -m pytest -m "not slow"
 
 # The log shipper's protocol tests, run against a real cluster instead of the local stand-in.
 # Credentials: ELASTICSEARCH_API_KEY, or ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD.

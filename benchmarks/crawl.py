@@ -11,21 +11,29 @@ follow the machine's load, so the crawler's CPU time per page (start-up excluded
 
 from __future__ import annotations
 
-import argparse
-import json
-import pstats
-import resource
-import shutil
-import subprocess
+# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
+# `tokenize` (which linecache, and through it Scrapy, imports): replace it by the repository root before any
+# other import. The root also holds the test site (tests/crawl/testsite.py), which is not installed.
+import os
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-from pipeline.crawl.crawler import JOB_DIR, SPEC_NAME, CrawlSpec
-from pipeline.crawl.index import index_table, write_index
-from pipeline.crawl.journal import read_journal
-from pipeline.crawl.testsite import TestSite
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pstats  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from pipeline.crawl.crawler import JOB_DIR, SPEC_NAME, CrawlSpec  # noqa: E402
+from pipeline.crawl.index import index_table, write_index  # noqa: E402
+from pipeline.crawl.journal import read_journal  # noqa: E402
+from tests.crawl.testsite import TestSite  # noqa: E402
 
 # Where a function's own time goes, by the file it lives in (first match wins).
 BUCKETS = [

@@ -7,7 +7,7 @@ Reports, side by side in one run:
   3. peak memory of our Spark driver (Python process and JVM) as the corpus doubles.
 
 Ground truth: every pair inside a planted family, plus every pair either system put in one cluster, gets its
-exact Jaccard from Python sets (pipeline.dedup.synthetic.plain_jaccard); components of pairs >= 0.8 are the
+exact Jaccard from Python sets (tests.dedup.synthetic.plain_jaccard); components of pairs >= 0.8 are the
 true clusters. Unrelated documents are random Zipf text, so they never reach 0.8 (a random sample of pairs
 is checked and its largest similarity printed).
 
@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
+# `tokenize` (which pyarrow and pydantic import, through inspect): replace it by the repository root, which
+# also holds the planted corpus (tests/dedup/synthetic.py, not installed). Nothing above imports tokenize.
+sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 SNAPSHOT = "bench"
 LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 THRESHOLD = 0.8
@@ -192,7 +196,7 @@ def write_corpus(n_docs: int, seed: int, data_root: Path, files: int):
 
     from pipeline.config import load_config
     from pipeline.core.storage import DatasetRef, StageOutput
-    from pipeline.dedup.synthetic import planted_corpus
+    from tests.dedup.synthetic import planted_corpus
 
     corpus = planted_corpus(n_docs, seed, levels=LEVELS, copy_fraction=0.3)
     table = corpus.table()
@@ -211,7 +215,7 @@ class GroundTruth:
     """Exact Jaccard on demand, cached; components of pairs >= THRESHOLD among the pairs looked at."""
 
     def __init__(self, corpus) -> None:
-        from pipeline.dedup.synthetic import plain_shingles
+        from tests.dedup.synthetic import plain_shingles
 
         self.shingles = {row["id"]: plain_shingles(row["text"]) for row in corpus.rows}
         self.similarity: dict[tuple[str, str], float] = {}

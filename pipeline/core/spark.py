@@ -114,8 +114,3 @@ def write_parquet(df: DataFrame, path: Path, num_files: int, key: str = "id") ->
 
         pq.write_table(arrow_schema.empty_table(), path / "part-00000.parquet", compression="zstd")
     return written
-
-
-def count_by(df: DataFrame, column: str) -> dict[str, int]:
-    """Small group-by counts (drop reasons, languages) brought to the driver for the manifest."""
-    return {str(row[column]): int(row["count"]) for row in df.groupBy(column).count().collect()}

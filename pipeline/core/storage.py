@@ -3,14 +3,21 @@
 A stage writes into a hidden staging folder next to its final place. On success it writes
 ``manifest.json`` and ``_SUCCESS`` into the staging folder and renames it into place, so a
 reader either sees the previous complete output or the new complete output, never a half-written one.
-A re-run of the same snapshot replaces the old output the same way.
+A re-run of the same snapshot swaps the new folder with the old one in one step (Linux ``renameat2`` with
+``RENAME_EXCHANGE``), so the path holds a complete output at every instant; the old one is then deleted.
+Where the system cannot swap (another OS, or a filesystem without it, such as NFS) the old output is
+renamed aside first, and for that moment the path is absent: ``is_complete()`` is False, never half true.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +31,7 @@ from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checks
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 STAGING_PREFIX = ".staging-"
+SWAP_TAG = "swap-"  # .staging-<snapshot>@swap-<id>: an output on its way in or out, never resumed from
 
 
 class MissingInputError(FileNotFoundError):
@@ -176,9 +184,63 @@ class StageOutput:
 
 
 def publish(staging: Path, final: Path) -> None:
-    """Swap staging into final. Each rename is atomic; readers check _SUCCESS before reading."""
-    retired = final.parent / f".retired-{final.name}-{uuid.uuid4().hex[:8]}"
-    if final.exists():
-        os.replace(final, retired)
-    os.replace(staging, final)
-    shutil.rmtree(retired, ignore_errors=True)
+    """Put ``staging`` where ``final`` is, so that a reader of ``final`` never sees a partial output.
+
+    The first publish is one rename. A republish swaps the two folders in one atomic step where the system
+    can (``swap_folders``), so ``final`` holds the old complete output or the new one at every instant; the
+    old one is then deleted (a reader still inside it may find its files gone). Elsewhere the old output is
+    renamed aside and the new one into place: between those two renames ``final`` does not exist.
+    """
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    # Off the staging name first: killed right after the swap, the old output must not be left where the
+    # next attempt of a resumable stage would take it for its own unfinished run.
+    incoming = _swap_name(final)
+    os.replace(staging, incoming)
+    if swap_folders(incoming, final):
+        outgoing = incoming
+    else:
+        outgoing = _swap_name(final)
+        os.replace(final, outgoing)
+        os.replace(incoming, final)
+    shutil.rmtree(outgoing, ignore_errors=True)
+    # Left by a publish that was killed half-way; nothing reads them.
+    for leftover in final.parent.glob(f"{STAGING_PREFIX}{final.name}@{SWAP_TAG}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _swap_name(final: Path) -> Path:
+    return final.parent / f"{STAGING_PREFIX}{final.name}@{SWAP_TAG}{uuid.uuid4().hex[:8]}"
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 1 << 1
+# What renameat2 answers where the kernel, the C library or the filesystem has no RENAME_EXCHANGE.
+_CANNOT_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+@functools.cache
+def _renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28+, musl 1.1.20+
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+def swap_folders(a: Path, b: Path) -> bool:
+    """Exchange two existing paths in one atomic step; False (nothing changed) where the system cannot."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _CANNOT_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))

@@ -30,7 +30,9 @@ def canonical_url(url: str) -> str:
 
     w3lib's canonicalize_url sorts the query, normalises percent-escapes and IDNA, drops the fragment and
     resolves dot segments; on top of that the default port and tracking parameters go, and an empty path
-    becomes ``/``. The crawler fetches the URL as found; only the de-duplication key is canonical.
+    becomes ``/``. The crawler fetches the URL as found; only the de-duplication key is canonical. Scheme,
+    ``www.`` and a trailing slash stay (a server may answer them differently); the dedup stage's looser
+    ``pipeline.dedup.urls.page_key`` drops them.
     """
     url = url.strip()
     if len(url) > MAX_URL_LENGTH:

@@ -2,9 +2,9 @@
 
 Steps (datatrove style: each one only decides and counts, rows are split at the end):
 
-1. ``features``    one Python pass over Arrow batches: canonical URL, exact key (BLAKE2b-128 of the
+1. ``features``    one Python pass over Arrow batches: page key of the URL, exact key (BLAKE2b-128 of the
                    normalised text), shingle counts and the LSH band keys of the MinHash signature;
-2. ``url_dedup``   per canonical URL keep the newest fetch (then the smallest id)      -> url_duplicate
+2. ``url_dedup``   per page key keep the newest fetch (then the smallest id)           -> url_duplicate
 3. ``exact_dedup`` per exact key keep the smallest id                                 -> exact_duplicate
 4. ``near_dedup``  band collisions among exact survivors link each member to its bucket's smallest id
                    (n - 1 links per bucket, never n^2 pairs), links are verified with the true Jaccard,
@@ -37,7 +37,7 @@ from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
 from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
-from pipeline.dedup.urls import canonical_url
+from pipeline.dedup.urls import page_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -53,7 +53,7 @@ FEATURES_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("has_text", pa.bool_()),
-        ("canonical_url", pa.string()),
+        ("page_key", pa.string()),
         ("exact_key", pa.binary()),
         ("n_bytes", pa.int64()),
         ("n_tokens", pa.int64()),
@@ -119,7 +119,7 @@ def feature_batches(
         else:
             bands = pa.nulls(len(batch), pa.list_(pa.int64()))
         urls = (
-            pa.array([canonical_url(u) for u in batch.column("url").to_pylist()], pa.string())
+            pa.array([page_key(u) for u in batch.column("url").to_pylist()], pa.string())
             if with_urls
             else pa.nulls(len(batch), pa.string())
         )
@@ -302,10 +302,10 @@ def decide(
 
     with_text = features.where(F.col("has_text"))
     if dedup.url_dedup:
-        # Newest fetch per canonical URL, ties to the smallest id. A document without a usable URL is a
-        # group of its own (keyed by its id: canonical URLs start with "//", so the keys cannot clash,
+        # Newest fetch per page key, ties to the smallest id. A document without a usable URL is a
+        # group of its own (keyed by its id: page keys start with "//", so the keys cannot clash,
         # and such documents do not pile up in one window partition).
-        group = F.coalesce(F.col("canonical_url"), F.concat(F.lit("id:"), F.col("id")))
+        group = F.coalesce(F.col("page_key"), F.concat(F.lit("id:"), F.col("id")))
         newest_first = Window.partitionBy(group).orderBy(F.col("fetch_time").desc_nulls_last(), "id")
         step = with_text.withColumn("url_rep", F.first("id").over(newest_first))
     else:

@@ -1,8 +1,13 @@
-"""Canonical URLs, so fetches of one page under cosmetic URL variants can be de-duplicated.
+"""Page keys, so fetches of one page under cosmetic URL variants can be de-duplicated.
 
-Conservative on purpose: only differences that never change the page served by a normal site are removed
-(scheme, ``www.``, host case, default port, fragment, tracking parameters, parameter order, a trailing
-slash, percent-encoding). Paths keep their case and other query parameters stay, so ``?page=2`` is not ``?page=3``.
+A page key is not a URL to fetch: it drops every difference that never changes the page served by a normal
+site (scheme, ``www.``, host case, default port, fragment, tracking parameters, parameter order, a trailing
+slash, percent-encoding), so ``http://www.example.com/a/`` and ``https://example.com/a`` share one. Paths keep
+their case and other query parameters stay, so ``?page=2`` is not ``?page=3``. Any string is accepted; one
+that names no host has no key (None).
+
+The crawl's ``pipeline.crawl.urls.canonical_url`` is the strict counterpart: a fetchable URL that keeps the
+scheme, ``www.`` and the trailing slash, and raises on a URL the crawler must not fetch.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
-def canonical_url(url: str | None) -> str | None:
+def page_key(url: str | None) -> str | None:
     """``//host/path?sorted&query`` without the cosmetic parts; None for a missing or unparsable URL."""
     if not url or not url.strip():
         return None

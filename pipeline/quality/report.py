@@ -23,7 +23,9 @@ import logging
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +35,9 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 STAGE = "quality"
@@ -217,6 +222,105 @@ def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], i
     )
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """Counts over every document."""
+
+    documents: int
+    characters: int
+    domains: list[dict]  # domain, documents, characters; most documents first
+    languages: dict[str, int]  # empty when the input has no ``lang`` column
+    length_quantiles: list[float]  # characters at p10, p50, p90, p99
+
+
+def coverage(docs: DataFrame) -> Coverage:
+    from pyspark.sql import functions as F
+
+    totals = docs.agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters")).first()
+    per_domain = (
+        docs.groupBy("domain")
+        .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
+        .orderBy(F.desc("documents"), "domain")
+    )
+    domains = [row.asDict() for row in per_domain.collect()]
+    languages = (
+        {str(r["lang"]): int(r["count"]) for r in docs.groupBy("lang").count().collect()}
+        if "lang" in docs.columns
+        else {}
+    )
+    length_quantiles = docs.agg(
+        F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q")
+    ).first()["q"]
+    return Coverage(
+        documents=int(totals["documents"]),
+        characters=int(totals["characters"] or 0),
+        domains=domains,
+        languages=languages,
+        length_quantiles=[float(q) for q in length_quantiles] if length_quantiles else [],
+    )
+
+
+def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
+    """``quality.sample_docs`` documents by a seeded hash of the id (the same ones on every run), cached:
+    the lexical and semantic views both read it."""
+    from pyspark.sql import functions as F
+
+    return (
+        docs.withColumn("order", F.xxhash64(F.lit(config.project.seed), "id"))
+        .orderBy("order", "id")
+        .limit(config.quality.sample_docs)
+        .select("id", "domain", "text")
+        .repartition(config.spark.shuffle_partitions, "id")
+        .cache()
+    )
+
+
+def lexical_diversity(sample: DataFrame, max_n: int = 2) -> dict[str, float | None]:
+    """Distinct word n-grams over all n-grams of the sample, for n = 1..max_n."""
+    from pyspark.sql import functions as F
+
+    ngram_rows = sample.select("text").mapInArrow(
+        functools.partial(ngram_batches, max_n=max_n), spark_schema(NGRAM_SCHEMA)
+    )
+    distinct = (
+        ngram_rows.select("n", "total", F.explode("hashes").alias("h"))
+        .groupBy("n")
+        .agg(F.countDistinct("h").alias("distinct"))
+        .join(ngram_rows.groupBy("n").agg(F.sum("total").alias("total")), "n")
+        .collect()
+    )
+    return {
+        f"distinct_{row.n}gram_ratio": row.distinct / row.total if row.total else None for row in distinct
+    }
+
+
+def embed_sample(sample: DataFrame, max_seq_length: int) -> tuple[list[str], list[str], np.ndarray]:
+    """(ids, domains, embeddings) of the sample, sorted by id; embedded in the Spark workers."""
+    embedded = sample.mapInArrow(
+        functools.partial(embed_batches, max_seq_length=max_seq_length, batch_size=32),
+        spark_schema(EMBEDDED_SCHEMA),
+    )
+    rows = sorted(embedded.collect(), key=lambda row: row.id)
+    embeddings = np.array([row.embedding for row in rows], dtype=np.float32).reshape(-1, EMBEDDING_DIM)
+    return [row.id for row in rows], [row.domain for row in rows], embeddings
+
+
+def write_tables(
+    folder: Path, domains: list[dict], ids: list[str], emb_domains: list[str], embeddings: np.ndarray
+) -> None:
+    pq.write_table(pa.Table.from_pylist(domains), folder / "domains.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "id": ids,
+                "domain": emb_domains,
+                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.ravel()), EMBEDDING_DIM),
+            }
+        ),
+        folder / "embeddings.parquet",
+    )
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (documents_ref,) = inputs
     quality = config.quality
@@ -227,84 +331,31 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         docs = spark.read.parquet(str(documents_ref.path / "documents")).withColumn(
             "n_chars", F.length("text")
         )
-        has_lang = "lang" in docs.columns
-        totals = docs.agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters")).first()
-        per_domain = (
-            docs.groupBy("domain")
-            .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
-            .orderBy(F.desc("documents"), "domain")
-        )
-        domains = [row.asDict() for row in per_domain.collect()]
-        languages = (
-            {str(r["lang"]): int(r["count"]) for r in docs.groupBy("lang").count().collect()}
-            if has_lang
-            else {}
-        )
-        length_quantiles = docs.agg(
-            F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q")
-        ).first()["q"]
+        covered = coverage(docs)
 
-        sample = (
-            docs.withColumn("order", F.xxhash64(F.lit(config.project.seed), "id"))
-            .orderBy("order", "id")
-            .limit(quality.sample_docs)
-            .select("id", "domain", "text")
-            .repartition(config.spark.shuffle_partitions, "id")
-            .cache()
-        )
+        sample = sample_documents(docs, config)
         lengths = np.array(
             [row.n for row in sample.select(F.length("text").alias("n")).collect()], dtype=np.int64
         )
-        ngram_rows = sample.select("text").mapInArrow(
-            functools.partial(ngram_batches, max_n=2), spark_schema(NGRAM_SCHEMA)
-        )
-        distinct = (
-            ngram_rows.select("n", "total", F.explode("hashes").alias("h"))
-            .groupBy("n")
-            .agg(F.countDistinct("h").alias("distinct"))
-            .join(ngram_rows.groupBy("n").agg(F.sum("total").alias("total")), "n")
-            .collect()
-        )
-        lexical = {
-            f"distinct_{row.n}gram_ratio": row.distinct / row.total if row.total else None for row in distinct
-        }
-
-        embedded = sample.mapInArrow(
-            functools.partial(embed_batches, max_seq_length=quality.max_seq_length, batch_size=32),
-            spark_schema(EMBEDDED_SCHEMA),
-        )
-        rows = sorted(embedded.collect(), key=lambda row: row.id)
+        lexical = lexical_diversity(sample)
+        ids, emb_domains, embeddings = embed_sample(sample, quality.max_seq_length)
         sample.unpersist()
-        embeddings = np.array([row.embedding for row in rows], dtype=np.float32).reshape(-1, EMBEDDING_DIM)
-        emb_domains = [row.domain for row in rows]
 
         metrics = {
-            "documents": int(totals["documents"]),
-            "characters": int(totals["characters"] or 0),
-            "sampled_documents": len(rows),
-            "length_p10_p50_p90_p99": [float(q) for q in length_quantiles] if length_quantiles else [],
-            "languages": languages,
-            **domain_concentration([row["documents"] for row in domains]),
+            "documents": covered.documents,
+            "characters": covered.characters,
+            "sampled_documents": len(ids),
+            "length_p10_p50_p90_p99": covered.length_quantiles,
+            "languages": covered.languages,
+            **domain_concentration([row["documents"] for row in covered.domains]),
             **lexical,
             **cosine_statistics(embeddings),
             **cluster_entropy(embeddings, quality.clusters, config.project.seed),
         }
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        pq.write_table(pa.Table.from_pylist(domains), out.path / "domains.parquet")
-        pq.write_table(
-            pa.table(
-                {
-                    "id": [row.id for row in rows],
-                    "domain": emb_domains,
-                    "embedding": pa.FixedSizeListArray.from_arrays(
-                        pa.array(embeddings.ravel()), EMBEDDING_DIM
-                    ),
-                }
-            ),
-            out.path / "embeddings.parquet",
-        )
-        images = _plot_report(out.path / "plots", domains, lengths, embeddings, emb_domains)
-        _write_html(out.path / "report.html", output.snapshot, metrics, domains, images)
+        write_tables(out.path, covered.domains, ids, emb_domains, embeddings)
+        images = _plot_report(out.path / "plots", covered.domains, lengths, embeddings, emb_domains)
+        _write_html(out.path / "report.html", output.snapshot, metrics, covered.domains, images)
         log.info(
             "quality: %d documents, %d domains, mean pairwise cosine %s",
             metrics["documents"],
@@ -312,5 +363,5 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             metrics["mean_pairwise_cosine"],
         )
         return out.commit(
-            rows={"documents": metrics["documents"], "sampled": len(rows)}, extra={"metrics": metrics}
+            rows={"documents": metrics["documents"], "sampled": len(ids)}, extra={"metrics": metrics}
         )

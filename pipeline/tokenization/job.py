@@ -22,7 +22,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -33,6 +35,10 @@ from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
 from pipeline.tokenization.shards import RollingShardWriter, token_dtype
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 STAGE = "tokenize"
@@ -57,6 +63,18 @@ RESULT_SCHEMA = pa.schema(
         ("repaired_unicode", pa.int64()),
         ("chunked_documents", pa.int64()),
     ]
+)
+
+# What the manifest lists for each shard file.
+SHARD_FIELDS = (
+    "split",
+    "shard",
+    "documents",
+    "tokens",
+    "bin_bytes",
+    "bin_sha256",
+    "idx_sha256",
+    "oversized_documents",
 )
 
 
@@ -165,6 +183,149 @@ def estimate_chars_per_token(tokenizer, texts: list[str]) -> float:
     return max(1.0, sum(map(len, chosen)) / max(1, tokens))
 
 
+@dataclass(frozen=True)
+class DocumentCounts:
+    documents: int  # with text: these are tokenized
+    empty: int  # no text at all, or whitespace only: set aside with reason "empty"
+    characters: int  # in the documents with text, to size the encoding job
+
+
+def _kept():
+    """Documents with text (the ``empty`` column is never null)."""
+    from pyspark.sql import functions as F
+
+    return F.col("empty") == F.lit(False)
+
+
+def split_documents(
+    spark, documents_ref: DatasetRef, config: PipelineConfig
+) -> tuple[DataFrame, DocumentCounts]:
+    """The documents with ``empty``, ``split`` (by a seeded hash bucket of the id) and ``order`` (a seeded hash)
+    columns, and their counts, from one Spark aggregation."""
+    from pyspark.sql import functions as F
+
+    seed, settings = config.project.seed, config.tokenize
+    docs = spark.read.parquet(str(documents_ref.path / "documents")).select("id", "text")
+    docs = docs.withColumns(
+        {
+            "empty": F.col("text").isNull() | (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0),
+            "bucket": F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(BUCKETS)),
+        }
+    )
+    kept = _kept()
+    first_threshold = int(settings.validation_fraction * BUCKETS)
+    summary = docs.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(kept, 1).otherwise(0)).alias("documents"),
+        F.sum(F.when(kept & (F.col("bucket") < first_threshold), 1).otherwise(0)).alias("under"),
+        F.min(F.when(kept, F.col("bucket"))).alias("smallest"),
+        F.sum(F.when(kept, F.length("text")).otherwise(0)).alias("chars"),
+    ).first()
+    documents, empty = int(summary["documents"] or 0), int(summary["rows"] - (summary["documents"] or 0))
+    threshold = validation_threshold(
+        settings.validation_fraction, documents, int(summary["under"] or 0), summary["smallest"]
+    )
+    docs = docs.withColumns(
+        {
+            "split": F.when(F.col("bucket") < threshold, "validation").otherwise("train"),
+            "order": F.xxhash64(F.lit(seed + 1), "id"),
+        }
+    )
+    if documents == 0:
+        raise ValueError(f"{documents_ref.path}: no document with text to tokenize ({empty} empty)")
+    return docs, DocumentCounts(documents, empty, int(summary["chars"] or 0))
+
+
+def train_on_sample(docs: DataFrame, config: PipelineConfig, folder: Path) -> tuple[Tokenizer, float]:
+    """(tokenizer, characters per token): the BPE trained on the ``tokenizer.sample_docs`` train documents
+    with the smallest ``order``, saved into ``folder``, and its compression on that sample."""
+    from pyspark.sql import functions as F
+
+    settings = config.tokenize
+    sample = [
+        row.text
+        for row in docs.where(_kept() & (F.col("split") == "train"))
+        .orderBy("order", "id")
+        .limit(config.tokenizer.sample_docs)
+        .select(F.substring("text", 1, settings.chunk_chars).alias("text"))
+        .collect()
+    ]
+    tokenizer = train_tokenizer(sample, config.tokenizer)
+    save_tokenizer(tokenizer, folder, config.tokenizer)
+    chars_per_token = estimate_chars_per_token(tokenizer, sample)
+    log.info(
+        "trained a byte-level BPE with %d tokens on %d documents", tokenizer.get_vocab_size(), len(sample)
+    )
+    return tokenizer, chars_per_token
+
+
+def encode_documents(
+    spark: SparkSession, docs: DataFrame, config: PipelineConfig, folder: Path, estimated_tokens: float
+) -> tuple[list[dict], int]:
+    """(result rows, tasks): every document with text encoded into ``folder/<split>/`` shards by one Spark job
+    of at least ``tokenize.num_shards`` tasks, each writing about ``max_tokens_per_shard`` tokens or fewer."""
+    settings = config.tokenize
+    partitions = max(settings.num_shards, math.ceil(estimated_tokens / settings.max_tokens_per_shard))
+    threads = settings.threads_per_task or int(spark.conf.get("spark.task.cpus", "1"))
+    for split in SPLITS:
+        (folder / split).mkdir()
+    encode = functools.partial(
+        encode_partition,
+        tokenizer_path=str(folder / TOKENIZER_FILE),
+        output=str(folder),
+        eos_token=config.tokenizer.eos_token,
+        chunk_chars=settings.chunk_chars,
+        max_tokens_per_shard=settings.max_tokens_per_shard,
+        threads=threads,
+    )
+    log.info(
+        "encoding ~%.3g tokens in %d tasks with %d thread(s) each", estimated_tokens, partitions, threads
+    )
+    results = [
+        row.asDict()
+        for row in docs.where(_kept())
+        .repartition(partitions, "order")
+        .sortWithinPartitions("split", "order", "id", "text")
+        .select("split", "text")
+        .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
+        .collect()
+    ]
+    return results, partitions
+
+
+def write_excluded(docs: DataFrame, folder: Path) -> None:
+    """The documents set aside, with their reason, into ``folder/excluded``; then the leftovers of task
+    attempts that failed and were retried are removed."""
+    from pyspark.sql import functions as F
+
+    write_parquet(
+        docs.where(~_kept()).select("id", "text", F.lit("empty").alias("reason")),
+        folder / "excluded",
+        num_files=1,
+    )
+    for leftover in folder.rglob("*.tmp-*"):
+        leftover.unlink()
+
+
+def shard_totals(results: list[dict], documents: int) -> tuple[list[dict], list[dict], dict[str, dict]]:
+    """(file rows sorted by shard, count rows, per-split totals); raises if a document is missing from them."""
+    files = sorted((r for r in results if r["kind"] == "file"), key=lambda r: r["shard"])
+    counts = [r for r in results if r["kind"] == "counts"]
+    totals = {
+        split: {
+            "documents": sum(r["documents"] for r in files if r["split"] == split),
+            "tokens": sum(r["tokens"] for r in files if r["split"] == split),
+            "shards": sum(1 for r in files if r["split"] == split),
+        }
+        for split in SPLITS
+    }
+    if sum(t["documents"] for t in totals.values()) != documents:
+        raise RuntimeError(
+            f"wrote {sum(t['documents'] for t in totals.values())} documents to shards, expected {documents}"
+        )
+    return files, counts, totals
+
+
 def run(
     config: PipelineConfig,
     inputs: list[DatasetRef],
@@ -173,8 +334,6 @@ def run(
 ) -> Manifest:
     """on_step(name) is called as each step ends (the benchmark measures CPU time per step with it)."""
     (documents_ref,) = inputs
-    seed = config.project.seed
-    settings = config.tokenize
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -188,117 +347,32 @@ def run(
 
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"tokenize-{output.corpus}-{output.snapshot}")
-        from pyspark.sql import functions as F
-
-        docs = spark.read.parquet(str(documents_ref.path / "documents")).select("id", "text")
-        docs = docs.withColumns(
-            {
-                "empty": F.col("text").isNull() | (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0),
-                "bucket": F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(BUCKETS)),
-            }
-        )
-        kept = F.col("empty") == F.lit(False)
-        first_threshold = int(settings.validation_fraction * BUCKETS)
-        summary = docs.agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(kept, 1).otherwise(0)).alias("documents"),
-            F.sum(F.when(kept & (F.col("bucket") < first_threshold), 1).otherwise(0)).alias("under"),
-            F.min(F.when(kept, F.col("bucket"))).alias("smallest"),
-            F.sum(F.when(kept, F.length("text")).otherwise(0)).alias("chars"),
-        ).first()
-        documents, empty = int(summary["documents"] or 0), int(summary["rows"] - (summary["documents"] or 0))
-        threshold = validation_threshold(
-            settings.validation_fraction, documents, int(summary["under"] or 0), summary["smallest"]
-        )
-        docs = docs.withColumns(
-            {
-                "split": F.when(F.col("bucket") < threshold, "validation").otherwise("train"),
-                "order": F.xxhash64(F.lit(seed + 1), "id"),
-            }
-        )
-        if documents == 0:
-            raise ValueError(f"{documents_ref.path}: no document with text to tokenize ({empty} empty)")
+        docs, counts = split_documents(spark, documents_ref, config)
         lap("read_and_count")
-
-        sample = [
-            row.text
-            for row in docs.where(kept & (F.col("split") == "train"))
-            .orderBy("order", "id")
-            .limit(config.tokenizer.sample_docs)
-            .select(F.substring("text", 1, settings.chunk_chars).alias("text"))
-            .collect()
-        ]
-        tokenizer = train_tokenizer(sample, config.tokenizer)
-        save_tokenizer(tokenizer, out.path, config.tokenizer)
+        tokenizer, chars_per_token = train_on_sample(docs, config, out.path)
         vocab_size = tokenizer.get_vocab_size()
-        chars_per_token = estimate_chars_per_token(tokenizer, sample)
-        log.info("trained a byte-level BPE with %d tokens on %d documents", vocab_size, len(sample))
-        del sample
         lap("train_tokenizer")
-
-        estimated_tokens = int(summary["chars"] or 0) / chars_per_token
-        partitions = max(settings.num_shards, math.ceil(estimated_tokens / settings.max_tokens_per_shard))
-        threads = settings.threads_per_task or int(spark.conf.get("spark.task.cpus", "1"))
-        for split in SPLITS:
-            (out.path / split).mkdir()
-        encode = functools.partial(
-            encode_partition,
-            tokenizer_path=str(out.path / TOKENIZER_FILE),
-            output=str(out.path),
-            eos_token=config.tokenizer.eos_token,
-            chunk_chars=settings.chunk_chars,
-            max_tokens_per_shard=settings.max_tokens_per_shard,
-            threads=threads,
+        results, partitions = encode_documents(
+            spark, docs, config, out.path, counts.characters / chars_per_token
         )
-        log.info(
-            "encoding ~%.3g tokens in %d tasks with %d thread(s) each", estimated_tokens, partitions, threads
-        )
-        results = [
-            row.asDict()
-            for row in docs.where(kept)
-            .repartition(partitions, "order")
-            .sortWithinPartitions("split", "order", "id", "text")
-            .select("split", "text")
-            .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
-            .collect()
-        ]
         lap("encode")
-        write_parquet(
-            docs.where(~kept).select("id", "text", F.lit("empty").alias("reason")),
-            out.path / "excluded",
-            num_files=1,
-        )
-        for leftover in out.path.rglob("*.tmp-*"):  # from task attempts that failed and were retried
-            leftover.unlink()
+        write_excluded(docs, out.path)
         lap("excluded")
 
-        files = sorted((r for r in results if r["kind"] == "file"), key=lambda r: r["shard"])
-        counts = [r for r in results if r["kind"] == "counts"]
-        totals = {
-            split: {
-                "documents": sum(r["documents"] for r in files if r["split"] == split),
-                "tokens": sum(r["tokens"] for r in files if r["split"] == split),
-                "shards": sum(1 for r in files if r["split"] == split),
-            }
-            for split in SPLITS
-        }
-        if sum(t["documents"] for t in totals.values()) != documents:
-            raise RuntimeError(
-                f"wrote {sum(t['documents'] for t in totals.values())} documents to shards, expected {documents}"
-            )
+        files, task_counts, totals = shard_totals(results, counts.documents)
         log.info("tokenized %s", totals)
         eos_id = tokenizer.token_to_id(config.tokenizer.eos_token)
         return out.commit(
             rows={
                 **{f"{split}_documents": totals[split]["documents"] for split in SPLITS},
-                "excluded": empty,
+                "excluded": counts.empty,
             },
             counters={
                 "tokens": {split: totals[split]["tokens"] for split in SPLITS},
                 "shards": {split: totals[split]["shards"] for split in SPLITS},
-                "dropped": {"empty": empty},
-                "repaired_unicode": sum(r["repaired_unicode"] for r in counts),
-                "chunked_documents": sum(r["chunked_documents"] for r in counts),
+                "dropped": {"empty": counts.empty},
+                "repaired_unicode": sum(r["repaired_unicode"] for r in task_counts),
+                "chunked_documents": sum(r["chunked_documents"] for r in task_counts),
                 "oversized_documents": sum(r["oversized_documents"] for r in files),
             },
             extra={
@@ -312,21 +386,6 @@ def run(
                 "chars_per_token": round(chars_per_token, 4),
                 "tasks": partitions,
                 "seconds": seconds,
-                "shards": [
-                    {
-                        key: r[key]
-                        for key in (
-                            "split",
-                            "shard",
-                            "documents",
-                            "tokens",
-                            "bin_bytes",
-                            "bin_sha256",
-                            "idx_sha256",
-                            "oversized_documents",
-                        )
-                    }
-                    for r in files
-                ],
+                "shards": [{key: r[key] for key in SHARD_FIELDS} for r in files],
             },
         )

@@ -144,7 +144,7 @@ def write_model_artifact(
         "checkpoint": str(checkpoint),
         "sha256": sha256_file(checkpoint),
         "bytes": checkpoint.stat().st_size,
-        "step": state.get("step"),
+        "step": state["train_state"]["step"],
         "config_hash": state.get("config_hash"),
         "format": config.tracking.checkpoint_artifact,
     }
@@ -189,6 +189,72 @@ def load_model(model_uri: str, tracking: str | None = None):
     return build(torch.load(checkpoint, map_location="cpu", weights_only=True))
 
 
+def log_model_files(
+    config: PipelineConfig,
+    tracked: TrackedRun,
+    history: list[dict],
+    checkpoint: Path,
+    tokenizer_file: Path | None,
+) -> tuple[list[dict], dict[str, Any]]:
+    """(samples, model pointer): the training plot, sample generations from the checkpoint (when there is a
+    tokenizer and ``tracking.sample_tokens``) and the model artifact, each logged to the run."""
+    samples = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        if history:
+            plot_training(history, scratch / "training.png")
+            tracked.log_artifact(scratch / "training.png", "plots")
+        if config.tracking.sample_tokens and tokenizer_file and tokenizer_file.is_file():
+            from pipeline.tracking.samples import format_samples, sample_generations
+
+            samples = sample_generations(
+                checkpoint,
+                tokenizer_file,
+                config.tracking.sample_prompts,
+                config.tracking.sample_tokens,
+                config.tokenizer.eos_token,
+            )
+            tracked.log_text(json.dumps(samples, indent=2, ensure_ascii=False), "samples/generations.json")
+            tracked.log_text(format_samples(samples), "samples/generations.txt")
+        pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / MODEL_ARTIFACT)
+        tracked.log_artifact(scratch / MODEL_ARTIFACT, MODEL_ARTIFACT)
+    return samples, pointer
+
+
+def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:
+    """Every manifest of the chain (train first) and the tokenizer, as artifacts of the run."""
+    for manifest in manifests:
+        tracked.log_artifact(Path(manifest.path) / MANIFEST_NAME, f"manifests/{manifest.stage}")
+    if tokenizer_file is not None and tokenizer_file.is_file():
+        tracked.log_artifact(tokenizer_file, "tokenizer")
+
+
+def register(
+    config: PipelineConfig,
+    tracked: TrackedRun,
+    train_ref: DatasetRef,
+    train_manifest: Manifest,
+    dataset_digest: str,
+    checkpoint_sha256: str,
+):
+    """The model version registered under ``registered_model_name(config)``; None when no name is set."""
+    name = registered_model_name(config)
+    if not name:
+        return None
+    return tracked.register_model(
+        name,
+        MODEL_ARTIFACT,
+        tags={
+            "snapshot": train_ref.snapshot,
+            "corpus": train_ref.corpus,
+            "config_hash": train_manifest.config_hash,
+            "train_digest": train_manifest.digest,
+            "dataset_digest": dataset_digest,
+            "checkpoint_sha256": checkpoint_sha256,
+        },
+    )
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (train_ref,) = inputs
     train_manifest = train_ref.manifest()
@@ -197,6 +263,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     checkpoint = train_ref.path / train_manifest.extra["checkpoint"]
     tokenize = next((m for m in chain if m.stage == "tokenize"), None)
     tokenizer_file = Path(tokenize.path) / "tokenizer.json" if tokenize else None
+    dataset_digest = tokenize.digest if tokenize else ""
     if config.hash != train_manifest.config_hash:
         log.warning(
             "report config %s differs from the training config %s; the training run's params stay as logged",
@@ -208,55 +275,17 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         tracked, created = training_run(config, train_ref, train_manifest)
         try:
             metric_count = log_history(tracked, history, train_manifest)
-            with tempfile.TemporaryDirectory() as scratch:
-                scratch = Path(scratch)
-                if history:
-                    plot_training(history, scratch / "training.png")
-                    tracked.log_artifact(scratch / "training.png", "plots")
-                samples = []
-                if config.tracking.sample_tokens and tokenizer_file and tokenizer_file.is_file():
-                    from pipeline.tracking.samples import format_samples, sample_generations
-
-                    samples = sample_generations(
-                        checkpoint,
-                        tokenizer_file,
-                        config.tracking.sample_prompts,
-                        config.tracking.sample_tokens,
-                        config.tokenizer.eos_token,
-                    )
-                    tracked.log_text(
-                        json.dumps(samples, indent=2, ensure_ascii=False), "samples/generations.json"
-                    )
-                    tracked.log_text(format_samples(samples), "samples/generations.txt")
-                pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / MODEL_ARTIFACT)
-                tracked.log_artifact(scratch / MODEL_ARTIFACT, MODEL_ARTIFACT)
-            for manifest in [train_manifest, *chain]:
-                tracked.log_artifact(Path(manifest.path) / MANIFEST_NAME, f"manifests/{manifest.stage}")
-            if tokenizer_file is not None and tokenizer_file.is_file():
-                tracked.log_artifact(tokenizer_file, "tokenizer")
+            samples, pointer = log_model_files(config, tracked, history, checkpoint, tokenizer_file)
+            log_lineage(tracked, [train_manifest, *chain], tokenizer_file)
             tracked.set_tags(
                 {
                     "checkpoint": str(checkpoint),
                     "checkpoint_sha256": pointer["sha256"],
                     "pretrain.train_digest": train_manifest.digest,
-                    "pretrain.dataset_digest": tokenize.digest if tokenize else "",
+                    "pretrain.dataset_digest": dataset_digest,
                 }
             )
-            version = None
-            name = registered_model_name(config)
-            if name:
-                version = tracked.register_model(
-                    name,
-                    MODEL_ARTIFACT,
-                    tags={
-                        "snapshot": train_ref.snapshot,
-                        "corpus": train_ref.corpus,
-                        "config_hash": train_manifest.config_hash,
-                        "train_digest": train_manifest.digest,
-                        "dataset_digest": tokenize.digest if tokenize else "",
-                        "checkpoint_sha256": pointer["sha256"],
-                    },
-                )
+            version = register(config, tracked, train_ref, train_manifest, dataset_digest, pointer["sha256"])
             if created:
                 tracked.finish("FINISHED")
         except BaseException:

@@ -560,17 +560,3 @@ class StageTracking:
 
 def track_stage(config: PipelineConfig, stage: str, snapshot: str, inputs: list[DatasetRef]) -> StageTracking:
     return StageTracking(config, stage, snapshot, inputs)
-
-
-def close_dag_run(config: PipelineConfig, lineage: Lineage, status: str = "FINISHED") -> str | None:
-    """End a DAG run's parent run (for a DAG-level on_success/on_failure callback); None when absent."""
-    client = mlflow_client(config)
-    experiment = client.get_experiment_by_name(experiment_name(config))
-    if experiment is None:
-        return None
-    key, _, _ = parent_spec(config, "", lineage)
-    found = search_runs(client, experiment.experiment_id, {TAG_PARENT_KEY: key}, order_newest_first=False)
-    if not found:
-        return None
-    client.set_terminated(found[0].info.run_id, status)
-    return found[0].info.run_id

@@ -315,3 +315,24 @@ def move_state_to(compression: GradientCompression, device: torch.device) -> Non
         for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
             for key in memory:
                 memory[key] = memory[key].to(device)
+
+
+class CompressionState:
+    """A hook's carried state as a checkpoint part, tagged with the hook's kind.
+
+    A run resumed with another ``train.grad_compression`` keeps its fresh state; carried tensors are put back on
+    ``device`` (a checkpoint holds them on the CPU).
+    """
+
+    def __init__(self, compression: GradientCompression, device: torch.device) -> None:
+        self.compression = compression
+        self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.compression.name, "state": self.compression.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.compression.name:
+            return
+        self.compression.load_state_dict(state["state"])
+        move_state_to(self.compression, self.device)

@@ -5,10 +5,12 @@ unscale, clip and step unless a gradient is not finite, advance the LR schedule.
 on whether any of them got SIGTERM (one tiny CPU all-reduce); on log steps the loss is all-reduced and the
 figures go to the metrics sinks. Checkpoints every ``checkpoint_every`` steps, on SIGTERM and at the end.
 
-A resumed run restores model, optimizer, loss scaler, LR schedule, step, data loader position, per-rank RNG
-states and the compression hook's carried errors, so with the same number of ranks it continues exactly as
-an uninterrupted run would (bit for bit on CPU). With another number of ranks (an elastic restart with fewer
-workers) the data loader reshards its position and the RNG states are re-seeded.
+Each stateful part is registered once with the ``CheckpointManager`` (torchtitan-style): model, optimizer,
+LR schedule, loss scaler, data loader position, the trainer's own step and token count, and per rank the RNG
+states and the compression hook's carried errors. A resumed run hands every part its state back, so with the
+same number of ranks it continues exactly as an uninterrupted run would (bit for bit on CPU). With another
+number of ranks (an elastic restart with fewer workers) the data loader reshards its position and the RNG
+states are re-seeded.
 """
 
 from __future__ import annotations
@@ -23,24 +25,25 @@ import sys
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
 from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.loader import Batch, build_train_loader
+from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader, build_train_loader
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
-    Checkpointer,
     CheckpointError,
-    rng_state,
+    CheckpointManager,
+    PerRankState,
+    RNGState,
     seed_everything,
-    set_rng_state,
 )
 from pipeline.train.components.evaluation import Validator, perplexity
 from pipeline.train.components.lr_schedule import build_lr_scheduler
@@ -50,11 +53,16 @@ from pipeline.train.components.metrics import (
     peak_flops_per_device,
     router_metrics,
 )
-from pipeline.train.components.optimizer import build_optimizer, optimizer_state_dict
-from pipeline.train.compression import build_compression, move_state_to
-from pipeline.train.faults import fault_for, maybe_inject
+from pipeline.train.components.optimizer import OptimizerState, build_optimizer
+from pipeline.train.compression import CompressionState, GradientCompression, build_compression
+from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
+
+if TYPE_CHECKING:
+    from pipeline.core.config import TrainConfig
+    from pipeline.tracking.metrics import MetricsLogger
+    from pipeline.tracking.tensorboard import TensorBoardWriter
 
 log = logging.getLogger(__name__)
 STAGE = "train"
@@ -138,8 +146,37 @@ class StopSignal:
             signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
-class Trainer:
-    """Builds everything for one rank in ``__init__`` (resuming when a checkpoint exists); ``run()`` trains."""
+class Trainer(Stateful):
+    """Builds everything for one rank in ``__init__`` (resuming when a checkpoint exists); ``run()`` trains.
+
+    It is itself a checkpoint part (``train_state``: step and tokens seen), as torchtitan's trainer is.
+    """
+
+    config: PipelineConfig
+    train_config: TrainConfig  # config.train
+    snapshot: str
+    ctx: DistributedContext
+    device: torch.device
+    tokens_ref: DatasetRef
+    output: StageOutput
+    model_config: GPTConfig
+    model: GPT
+    parallel_model: torch.nn.Module  # DDP around model; model itself on one rank
+    forward_model: torch.nn.Module  # parallel_model, compiled when train.compile
+    precision: MixedPrecision
+    loader: DistributedBatchLoader | TokenBudgetBatchLoader
+    compression: GradientCompression | None  # a DDP comm hook; None without DDP or train.grad_compression
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpoint: CheckpointManager
+    validator: Validator
+    metrics: MetricsLogger
+    tensorboard: TensorBoardWriter | None
+    throughput: Throughput
+    fault: Fault | None
+    step: int
+    tokens_seen: int
+    restarts: int  # torchelastic restarts before this attempt
 
     def __init__(self, config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> None:
         self.config = config
@@ -168,17 +205,12 @@ class Trainer:
         self.output = StageOutput(
             DatasetRef.of(config, STAGE, self.snapshot), config, [self.tokens_ref], resumable=True
         )
-        self.checkpointer = Checkpointer(self.output.path / "checkpoints", keep_last=train.keep_checkpoints)
         if ctx.is_main:
             if not train.resume and self.output.path.exists():
                 log.warning("train.resume=false: discarding the unfinished run in %s", self.output.path)
                 shutil.rmtree(self.output.path)
             self.output.__enter__()
-            self.checkpointer.remove_partial_saves()
         ctx.barrier()
-        restored = self._load_checkpoint()
-        if restored is not None:
-            self.model.load_state_dict(restored["model"])
 
         self.precision = MixedPrecision(train.precision, self.device)
         self.parallel_model = data_parallel(self.model, ctx, train)
@@ -210,8 +242,39 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        own_parts: dict[str, Stateful] = {"rng": RNGState(self.device)}
+        if self.compression is not None:
+            own_parts["compression"] = CompressionState(self.compression, self.device)
+        self.checkpoint = CheckpointManager(
+            self.output.path / "checkpoints",
+            states={
+                "model": self.model,
+                "optimizer": OptimizerState(self.optimizer, ctx.rank),
+                "lr_scheduler": self.scheduler,
+                "precision": self.precision,
+                "dataloader": self.loader,
+                "train_state": self,
+                # After train_state: a resume on another number of ranks re-seeds with the restored step.
+                "rank_states": PerRankState(
+                    ctx, own_parts, on_other_world_size=self._reseed_after_resharding
+                ),
+            },
+            is_main=ctx.is_main,
+            keep_last=train.keep_checkpoints,
+            metadata={
+                "config_hash": config.hash,
+                "resume_identity": resume_identity(config),
+                "model_config": asdict(self.model_config),
+            },
+        )
+        restored = self._load_checkpoint()
         if restored is not None:
-            self._restore(restored)
+            self.checkpoint.load(restored)
+            log.info(
+                "resumed from step %d (checkpoint of %d ranks)",
+                self.step,
+                len(restored["rank_states"]["ranks"]),
+            )
         else:
             seed_everything(config.project.seed + 1_000_003 * (ctx.rank + 1))  # dropout differs per rank
 
@@ -256,12 +319,13 @@ class Trainer:
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
         """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it."""
-        ctx = self.ctx
+        ctx, files = self.ctx, self.checkpoint.files
         decision: dict[str, Any] = {}
         state = None
         if ctx.is_main:
+            files.remove_partial_saves()
             try:
-                restored = self.checkpointer.load_latest()
+                restored = files.load_latest()
             except CheckpointError as exc:
                 decision = {"error": str(exc)}
             else:
@@ -286,32 +350,25 @@ class Trainer:
         if "step" not in decision:
             return None
         if state is None:
-            state = self.checkpointer.load(decision["step"])
+            state = files.load(decision["step"])
         return state
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        ctx = self.ctx
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state["precision"])
-        self.loader.load_state_dict(state["loader"])
+    def _reseed_after_resharding(self, saved_ranks: int) -> None:
+        log.warning(
+            "resuming a %d-rank checkpoint on %d ranks: RNG states re-seeded, compression errors reset",
+            saved_ranks,
+            self.ctx.world_size,
+        )
+        seed_everything(self.config.project.seed + 1_000_003 * (self.ctx.rank + 1) + self.step)
+
+    # --- checkpoint part ``train_state`` ----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.tokens_seen = int(state["counters"]["tokens_seen"])
-        saved_world = int(state["world_size"])
-        if saved_world == ctx.world_size:
-            mine = state["rank_states"][ctx.rank]
-            if self.compression is not None and mine.get("compression_kind") == self.compression.name:
-                self.compression.load_state_dict(mine["compression"])
-                move_state_to(self.compression, self.device)
-            set_rng_state(mine["rng"], self.device)
-        else:
-            log.warning(
-                "resuming a %d-rank checkpoint on %d ranks: RNG states re-seeded, compression errors reset",
-                saved_world,
-                ctx.world_size,
-            )
-            seed_everything(self.config.project.seed + 1_000_003 * (ctx.rank + 1) + self.step)
-        log.info("resumed from step %d (checkpoint of %d ranks)", self.step, saved_world)
+        self.tokens_seen = int(state["tokens_seen"])
 
     # --- one step ---------------------------------------------------------------------------------------
 
@@ -394,35 +451,8 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file."""
-        ctx = self.ctx
         with self.throughput.excluded():
-            optimizer = optimizer_state_dict(self.optimizer, ctx.rank)
-            rank_state = {
-                "rng": rng_state(self.device),
-                "compression_kind": self.compression.name if self.compression is not None else None,
-                "compression": self.compression.state_dict() if self.compression is not None else None,
-            }
-            rank_states = ctx.gather_objects(rank_state)
-            path = self.checkpointer.path_for(self.step)
-            if ctx.is_main:
-                self.checkpointer.save(
-                    self.step,
-                    {
-                        "step": self.step,
-                        "config_hash": self.config.hash,
-                        "resume_identity": resume_identity(self.config),
-                        "model_config": asdict(self.model_config),
-                        "model": self.model.state_dict(),
-                        "optimizer": optimizer,
-                        "scheduler": self.scheduler.state_dict(),
-                        "precision": self.precision.state_dict(),
-                        "loader": self.loader.state_dict(),
-                        "counters": {"tokens_seen": self.tokens_seen},
-                        "world_size": ctx.world_size,
-                        "rank_states": rank_states,
-                    },
-                )
-        return path
+            return self.checkpoint.save(self.step)
 
     # --- the loop ---------------------------------------------------------------------------------------
 
@@ -525,7 +555,7 @@ class Trainer:
                     "first_loss": losses[0] if losses else None,
                     "val_loss": validation[-1] if validation else None,
                     "val_perplexity": perplexity(validation[-1]) if validation else None,
-                    "checkpoint": self.checkpointer.path_for(self.step)
+                    "checkpoint": self.checkpoint.files.path_for(self.step)
                     .relative_to(self.output.path)
                     .as_posix(),
                     "world_size": ctx.world_size,

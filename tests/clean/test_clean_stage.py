@@ -13,6 +13,8 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef
 from tests.conftest import PROJECT_ROOT, make_config
 
+# Every test here runs the clean stage in Spark, on the crawl of the sample site (sample_corpus).
+pytestmark = pytest.mark.slow
 ARTICLES = PROJECT_ROOT / "pipeline" / "crawl" / "sample_site" / "articles"
 
 
@@ -66,7 +68,6 @@ def test_output_bytes_do_not_depend_on_partitioning(sample_corpus, tmp_path):
     }
 
 
-@pytest.mark.slow
 def test_killed_run_then_rerun_matches_uninterrupted_run(sample_corpus, tmp_path):
     """SIGKILL the clean stage once it has started writing, rerun it, compare with an uninterrupted run."""
     config, snapshot = sample_corpus

@@ -1,4 +1,4 @@
-"""Helpers for the crawl tests that run the real crawler against pipeline.crawl.testsite."""
+"""Helpers for the crawl tests that run the real crawler against tests.crawl.testsite."""
 
 from __future__ import annotations
 

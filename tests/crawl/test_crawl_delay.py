@@ -7,8 +7,8 @@ import pytest
 
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage
-from pipeline.crawl.testsite import TestSite
 from tests.crawl.support import crawl_config
+from tests.crawl.testsite import TestSite
 
 pytestmark = pytest.mark.slow
 

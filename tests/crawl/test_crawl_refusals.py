@@ -4,9 +4,9 @@ import pytest
 
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage
-from pipeline.crawl.testsite import TestSite
 from tests.conftest import make_config
 from tests.crawl.support import path_of, read_index, row_for
+from tests.crawl.testsite import TestSite
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pipeline.clean.extract import decode_html_detailed, read_warc_payload
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage
 from pipeline.crawl.content import looks_binary
-from pipeline.crawl.testsite import TestSite
 from tests.crawl.support import crawl_config, path_of, read_index, row_for
+from tests.crawl.testsite import TestSite
 
 PER_SITE = 3
 

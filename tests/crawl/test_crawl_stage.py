@@ -1,9 +1,13 @@
 """Crawl the bundled sample site over HTTP on 127.0.0.1 with the real Scrapy stack."""
 
 import pyarrow.parquet as pq
+import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from pipeline.core.storage import DatasetRef
+
+# sample_corpus: Scrapy crawls the sample site, then Spark cleans and tokenizes it.
+pytestmark = pytest.mark.slow
 
 
 def test_crawl_writes_warc_and_index(sample_corpus):

@@ -12,8 +12,8 @@ import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from pipeline.core.manifest import Manifest
-from pipeline.crawl.testsite import TestSite
 from tests.crawl.support import LOCAL_CRAWL, path_of, read_index
+from tests.crawl.testsite import TestSite
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ def test_the_cuda_sources_exist():
     assert {p.name for p in CUDA_SOURCES} >= {"routing_cuda.cu", "gemm_cuda.cu"}
 
 
+@pytest.mark.slow  # nvcc -O3, one process per kernel file
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=lambda p: p.name)

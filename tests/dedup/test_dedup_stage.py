@@ -13,9 +13,9 @@ import pytest
 from pipeline import cli
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup import job
-from pipeline.dedup.synthetic import CLEAN_SCHEMA, WordSource, as_text, document, planted_corpus
 from tests.conftest import make_config
 from tests.dedup import reference
+from tests.dedup.synthetic import CLEAN_SCHEMA, WordSource, as_text, document, planted_corpus
 
 SNAPSHOT = "s1"
 THRESHOLD = 0.8

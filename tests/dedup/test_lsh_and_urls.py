@@ -1,4 +1,4 @@
-"""Band/row selection against scipy's quadrature, the S-curve plot, canonical URLs, config checks."""
+"""Band/row selection against scipy's quadrature, the S-curve plot, page keys of URLs, config checks."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from scipy.integrate import quad
 
 from pipeline.core.config import ConfigError
+from pipeline.crawl.urls import InvalidURL, canonical_url
 from pipeline.dedup import lsh
 from pipeline.dedup.job import minhasher
-from pipeline.dedup.urls import canonical_url
+from pipeline.dedup.urls import page_key
 from tests.conftest import make_config
 
 
@@ -111,8 +112,8 @@ def test_lsh_cli_prints_the_choice(capsys, tmp_path):
         ("http://example.com:80/x", "https://example.com/x"),
     ],
 )
-def test_cosmetic_url_variants_share_a_canonical_url(a, b):
-    assert canonical_url(a) == canonical_url(b) is not None
+def test_cosmetic_url_variants_share_a_page_key(a, b):
+    assert page_key(a) == page_key(b) is not None
 
 
 @pytest.mark.parametrize(
@@ -124,20 +125,40 @@ def test_cosmetic_url_variants_share_a_canonical_url(a, b):
         ("https://a.example.com/x", "https://b.example.com/x"),
     ],
 )
-def test_different_pages_keep_different_canonical_urls(a, b):
-    assert canonical_url(a) != canonical_url(b)
+def test_different_pages_keep_different_page_keys(a, b):
+    assert page_key(a) != page_key(b)
 
 
 @pytest.mark.parametrize("url", [None, "", "   ", "not a url", "http://[::1", "mailto:someone@example.com"])
-def test_unusable_urls_have_no_canonical_form(url):
-    assert canonical_url(url) is None
+def test_unusable_urls_have_no_page_key(url):
+    assert page_key(url) is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("http://example.com/a", "https://example.com/a"),
+        ("https://www.example.com/a", "https://example.com/a"),
+        ("https://example.com/a/", "https://example.com/a"),
+    ],
+)
+def test_page_key_merges_what_the_crawls_canonical_url_keeps_apart(a, b):
+    assert canonical_url(a) != canonical_url(b)
+    assert page_key(a) == page_key(b)
+
+
+@pytest.mark.parametrize("url", ["mailto:someone@example.com", "http://[::1"])
+def test_an_unusable_url_has_no_page_key_where_the_crawl_refuses_it(url):
+    assert page_key(url) is None
+    with pytest.raises(InvalidURL):
+        canonical_url(url)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=60))
-def test_canonical_url_never_raises_and_is_idempotent(suffix):
+def test_page_key_never_raises_and_is_idempotent(suffix):
     url = "https://example.com/" + suffix
-    canonical = canonical_url(url)
-    if canonical is not None:
-        assert canonical.startswith("//")
-        assert canonical_url("https:" + canonical) == canonical
+    key = page_key(url)
+    if key is not None:
+        assert key.startswith("//")
+        assert page_key("https:" + key) == key

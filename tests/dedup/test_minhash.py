@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from pipeline.dedup import minhash
 from pipeline.dedup.minhash import EMPTY_SIGNATURE, MinHasher, jaccard_pairs, permutation_parameters
-from pipeline.dedup.synthetic import WordSource, near_copy
 from tests.dedup import reference
+from tests.dedup.synthetic import WordSource, near_copy
 
 # Letters, digits, punctuation, spaces and line breaks, accented Latin, Han, Hiragana, Katakana.
 ALPHABET = st.sampled_from(

@@ -17,6 +17,9 @@ from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
     Checkpointer,
     CheckpointError,
+    CheckpointManager,
+    PerRankState,
+    RNGState,
     rng_state,
     set_rng_state,
 )
@@ -25,6 +28,7 @@ from pipeline.train.components.metrics import Throughput, router_metrics
 from pipeline.train.compression import dequantize, quantize
 from pipeline.train.config import TrainConfig
 from pipeline.train.faults import Fault
+from pipeline.train.parallel import DistributedContext
 
 
 def random_state(rng: np.random.Generator) -> dict:
@@ -111,6 +115,106 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     assert torch.equal(torch.rand(4), expected[0])
     assert np.array_equal(np.random.rand(4), expected[1])
     assert [random.random() for _ in range(4)] == expected[2]
+
+
+class Counter:
+    """A toy checkpoint part that records the order in which parts are restored."""
+
+    def __init__(self, value: int, restored: list[str], name: str) -> None:
+        self.value, self.restored, self.name = value, restored, name
+
+    def state_dict(self) -> dict:
+        return {"value": torch.tensor(self.value)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = int(state["value"])
+        self.restored.append(self.name)
+
+
+def one_process() -> DistributedContext:
+    return DistributedContext(0, 1, 0, torch.device("cpu"), "gloo", None, False)
+
+
+def test_checkpoint_manager_saves_each_registered_part_under_its_name_and_restores_it_in_order(tmp_path):
+    restored: list[str] = []
+    model = torch.nn.Linear(3, 2)
+    parts = {"model": model, "b": Counter(7, restored, "b"), "a": Counter(3, restored, "a")}
+    manager = CheckpointManager(tmp_path, parts, is_main=True, metadata={"model_config": {"width": 3}})
+    path = manager.save(5)
+
+    saved = Checkpointer(tmp_path).load(5)
+    assert path == Checkpointer(tmp_path).path_for(5)
+    assert saved["model_config"] == {"width": 3} and int(saved["b"]["value"]) == 7
+    assert set(saved) == {"format", "model_config", "model", "b", "a"}
+
+    fresh = torch.nn.Linear(3, 2)
+    again = {"model": fresh, "b": Counter(0, restored, "b"), "a": Counter(0, restored, "a")}
+    CheckpointManager(tmp_path, again, is_main=True).load(saved)
+    assert restored == ["b", "a"]  # registration order: a part may rely on the ones before it
+    assert (again["b"].value, again["a"].value) == (7, 3)
+    assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
+
+
+def test_checkpoint_manager_refuses_parts_without_state_and_checkpoints_missing_a_part(tmp_path):
+    with pytest.raises(TypeError, match=r"'step'.*state_dict"):
+        CheckpointManager(tmp_path, {"step": 3}, is_main=True)
+    with pytest.raises(ValueError, match="clash"):
+        CheckpointManager(tmp_path, {"a": Counter(1, [], "a")}, is_main=True, metadata={"a": 1})
+    manager = CheckpointManager(tmp_path, {"a": Counter(1, [], "a"), "b": Counter(2, [], "b")}, is_main=True)
+    with pytest.raises(CheckpointError, match="no state for b"):
+        manager.load({"a": {"value": torch.tensor(1)}})
+
+
+def test_checkpoint_manager_writes_only_on_the_main_rank_but_asks_every_part(tmp_path):
+    asked = []
+
+    class Collective(Counter):
+        def state_dict(self) -> dict:
+            asked.append(self.name)  # e.g. ZeRO-1's consolidation, which every rank must join
+            return super().state_dict()
+
+    manager = CheckpointManager(tmp_path, {"optimizer": Collective(1, [], "optimizer")}, is_main=False)
+    assert manager.save(2) == Checkpointer(tmp_path).path_for(2)
+    assert asked == ["optimizer"] and Checkpointer(tmp_path).steps() == []
+
+
+def test_per_rank_state_gives_each_rank_its_own_entry_or_defers_to_the_caller_on_another_world_size():
+    restored: list[str] = []
+    single = PerRankState(
+        one_process(), {"rng": Counter(4, restored, "rng")}, on_other_world_size=pytest.fail
+    )
+    assert single.state_dict() == {"ranks": [{"rng": {"value": torch.tensor(4)}}]}
+
+    second_of_two = DistributedContext(1, 2, 0, torch.device("cpu"), "gloo", None, False)
+    part = Counter(0, restored, "rng")
+    PerRankState(second_of_two, {"rng": part}, on_other_world_size=pytest.fail).load_state_dict(
+        {"ranks": [{"rng": {"value": torch.tensor(10)}}, {"rng": {"value": torch.tensor(11)}}]}
+    )
+    assert part.value == 11
+
+    resharded: list[int] = []
+    part = Counter(0, restored, "rng")
+    PerRankState(second_of_two, {"rng": part}, on_other_world_size=resharded.append).load_state_dict(
+        single.state_dict()
+    )
+    assert resharded == [1] and part.value == 0
+
+    # A part the checkpoint has no entry for (compression switched on since) keeps its fresh state.
+    added = Counter(5, restored, "compression")
+    PerRankState(one_process(), {"compression": added}, on_other_world_size=pytest.fail).load_state_dict(
+        single.state_dict()
+    )
+    assert added.value == 5
+
+
+def test_rng_state_part_round_trips_through_the_checkpoint_manager(tmp_path):
+    torch.manual_seed(8)
+    manager = CheckpointManager(tmp_path, {"rng": RNGState(torch.device("cpu"))}, is_main=True)
+    manager.save(1)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    manager.load(Checkpointer(tmp_path).load(1))
+    assert torch.equal(torch.rand(3), expected)
 
 
 # --- learning rate ------------------------------------------------------------------------------------

@@ -116,8 +116,8 @@ def test_preempted_job_checkpoints_and_resumes_on_one_process(reference, tmp_pat
     checkpoints = Checkpointer(staging / "checkpoints")
     assert checkpoints.steps()[-1] == 5, output[-5000:]
     state = checkpoints.load(5)
-    assert state["world_size"] == 2 and len(state["rank_states"]) == 2
-    assert state["loader"]["position"] == 5 * 4 * 2
+    assert len(state["rank_states"]["ranks"]) == 2
+    assert state["dataloader"]["position"] == 5 * 4 * 2
 
     # Resumed by one process with twice the per-rank batch (the same global batch): the loader reshards the
     # rest of the epoch, the model and optimizer carry on.
@@ -132,4 +132,4 @@ def test_preempted_job_checkpoints_and_resumes_on_one_process(reference, tmp_pat
     final = torch.load(
         DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"], weights_only=True
     )
-    assert final["world_size"] == 1 and final["step"] == 8
+    assert len(final["rank_states"]["ranks"]) == 1 and final["train_state"]["step"] == 8

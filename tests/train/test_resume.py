@@ -75,7 +75,7 @@ def test_sigterm_checkpoints_and_resume_repeats_the_uninterrupted_run_bit_for_bi
     assert stopped.step == 5
     assert checkpoints_of(config).steps() == [3, 5]  # every 3 steps, and on SIGTERM
     state = checkpoints_of(config).load(5)
-    assert state["step"] == 5 and state["loader"]["position"] == 5 * 2 * 4
+    assert state["train_state"]["step"] == 5 and state["dataloader"]["position"] == 5 * 2 * 4
     assert not DatasetRef.of(config, "train", SNAPSHOT).is_complete()  # nothing published yet
     assert losses(config, SNAPSHOT, staging=True) == uninterrupted[0][:5]
     assert_same_run(single_process(config, tmp_path), uninterrupted)

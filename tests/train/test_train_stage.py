@@ -22,6 +22,6 @@ def test_two_process_ddp_training_learns_and_checkpoints(sample_corpus):
     assert manifest.extra["world_size"] == 2
     assert sum(row["loss"] for row in history[-3:]) / 3 < sum(row["loss"] for row in history[:3]) / 3 - 0.5
     checkpoint = torch.load(train.path / manifest.extra["checkpoint"], weights_only=True)
-    assert checkpoint["step"] == config.train.steps
+    assert checkpoint["train_state"]["step"] == config.train.steps
     assert checkpoint["config_hash"] == config.hash
     assert manifest.extra["val_loss"] is not None

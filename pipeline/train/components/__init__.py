@@ -4,7 +4,8 @@
 - ``optimizer``: AdamW with decay groups, optionally sharded with ZeroRedundancyOptimizer (ZeRO-1);
 - ``lr_schedule``: linear warm-up then cosine decay;
 - ``amp``: autocast and the fp16 loss scaler, with skipped-step accounting;
-- ``checkpoint``: atomic, checksummed checkpoints, newest-valid loading, per-rank RNG state;
+- ``checkpoint``: ``CheckpointManager`` over the registered parts; atomic, checksummed files, newest-valid
+  loading, per-rank state (RNG);
 - ``evaluation``: validation loss over a fixed set of windows, split over the ranks;
 - ``metrics``: throughput, MFU, memory and MoE routing figures for ``pipeline.tracking.metrics``.
 

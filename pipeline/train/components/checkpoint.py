@@ -1,8 +1,14 @@
 """Checkpoints: written atomically with a SHA-256 checksum, the newest K kept, loaded with weights_only=True.
 
+What goes in is registered once, torchtitan-style: ``CheckpointManager(folder, states={"model": model,
+"optimizer": ..., "dataloader": loader, ...})`` over parts that implement
+``torch.distributed.checkpoint.stateful.Stateful`` (``state_dict()`` / ``load_state_dict()``). Each part's
+state is saved under its name and handed back to the same part on resume; ``PerRankState`` is the part for
+what every rank holds for itself (its RNG streams, a compression hook's carried errors).
+
 Layout in ``<train output>/checkpoints/``:
 
-    step-000040.pt          torch.save of one dict (model, optimizer, schedule, scaler, loader, RNG, ...)
+    step-000040.pt          torch.save of one dict: the manager's metadata, then one entry per registered part
     step-000040.pt.sha256   "<hex digest>  step-000040.pt" (sha256sum format)
 
 A save writes both under temporary names, fsyncs them, renames the checksum into place and then the
@@ -19,14 +25,19 @@ import logging
 import os
 import random
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+if TYPE_CHECKING:
+    from pipeline.train.parallel import DistributedContext
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one entry per part registered with CheckpointManager
 CHECKSUM_SUFFIX = ".sha256"
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 _TEMPORARY = re.compile(r"^\.step-\d+\.pt(\.sha256)?\.tmp-\d+$")
@@ -147,6 +158,91 @@ class Checkpointer:
         return None
 
 
+class CheckpointManager:
+    """The trainer's checkpoint: each stateful part registered once, by name, over a ``Checkpointer``.
+
+    ``save(step)`` asks every part for its ``state_dict()`` on every rank, in registration order (some are
+    collective: ZeRO-1's optimizer consolidates its shards, per-rank state is gathered), and rank 0 writes
+    ``{**metadata, name: state, ...}``. ``load(state)`` hands each part its entry back, in the same order, so a
+    part may rely on the ones registered before it. ``metadata`` is written for readers (the model config for
+    export, the settings a resume must share) and never loaded into a part.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        states: Mapping[str, Stateful],
+        *,
+        is_main: bool,
+        keep_last: int = 3,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        for name, part in states.items():
+            if not isinstance(part, Stateful):
+                raise TypeError(
+                    f"checkpoint part {name!r} ({type(part).__name__}) has no state_dict()/load_state_dict()"
+                )
+        self.metadata = dict(metadata or {})
+        clashes = sorted(set(states) & {*self.metadata, "format"})
+        if clashes:
+            raise ValueError(f"checkpoint parts {clashes} clash with metadata keys of the same name")
+        self.states = dict(states)
+        self.is_main = is_main
+        self.files = Checkpointer(folder, keep_last=keep_last)
+
+    def save(self, step: int) -> Path:
+        """Collective: every rank calls it; rank 0 writes the file. Returns its path on every rank."""
+        state = {name: part.state_dict() for name, part in self.states.items()}
+        if self.is_main:
+            self.files.save(step, {**self.metadata, **state})
+        return self.files.path_for(step)
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore every registered part from a loaded checkpoint (``files.load`` / ``files.load_latest``)."""
+        missing = [name for name in self.states if name not in state]
+        if missing:
+            raise CheckpointError(
+                f"the checkpoint has no state for {', '.join(missing)}: it was written by another version of "
+                "the trainer; set train.resume=false to discard it"
+            )
+        for name, part in self.states.items():
+            part.load_state_dict(state[name])
+
+
+class PerRankState:
+    """Parts each rank holds for itself, as one checkpoint part: ``{"ranks": [rank 0's states, ...]}``.
+
+    Saving gathers every rank's ``{name: part.state_dict()}`` to rank 0 (collective; None on the other ranks).
+    Loading gives each rank its own entry back when the checkpoint has as many ranks as this run. With another
+    number of ranks no entry belongs to this rank, so nothing is loaded and ``on_other_world_size(saved_ranks)``
+    decides what to do instead (re-seed, start afresh). A part the checkpoint has no entry for keeps its state.
+    """
+
+    def __init__(
+        self,
+        ctx: DistributedContext,
+        parts: Mapping[str, Stateful],
+        on_other_world_size: Callable[[int], None],
+    ) -> None:
+        self.ctx = ctx
+        self.parts = dict(parts)
+        self.on_other_world_size = on_other_world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        mine = {name: part.state_dict() for name, part in self.parts.items()}
+        return {"ranks": self.ctx.gather_objects(mine)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state["ranks"]
+        if len(ranks) != self.ctx.world_size:
+            self.on_other_world_size(len(ranks))
+            return
+        mine = ranks[self.ctx.rank]
+        for name, part in self.parts.items():
+            if name in mine:
+                part.load_state_dict(mine[name])
+
+
 # --- random number generators ----------------------------------------------------------------------
 
 
@@ -190,3 +286,16 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class RNGState:
+    """This process' RNG streams (``rng_state`` / ``set_rng_state``) as a checkpoint part."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state(self.device)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state, self.device)

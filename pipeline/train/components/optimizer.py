@@ -32,10 +32,22 @@ def build_optimizer(
     return torch.optim.AdamW(groups, **options)
 
 
-def optimizer_state_dict(optimizer: torch.optim.Optimizer, rank: int) -> dict[str, Any] | None:
-    """The full optimizer state on rank 0 (None elsewhere). Collective under ZeRO-1: every rank must call it,
-    since each holds only its shard; the consolidated state has the same layout as a plain AdamW's."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        optimizer.consolidate_state_dict(to=0)
-        return optimizer.state_dict() if rank == 0 else None
-    return optimizer.state_dict() if rank == 0 else None
+class OptimizerState:
+    """The optimizer as a checkpoint part.
+
+    ``state_dict()`` is the full state on rank 0 (None elsewhere). Collective under ZeRO-1: every rank must call
+    it, since each holds only its shard; the consolidated state has the same layout as a plain AdamW's.
+    ``load_state_dict()`` takes that full state on every rank (ZeRO-1 keeps its own shard of it).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, rank: int) -> None:
+        self.optimizer = optimizer
+        self.rank = rank
+
+    def state_dict(self) -> dict[str, Any] | None:
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            self.optimizer.consolidate_state_dict(to=0)
+        return self.optimizer.state_dict() if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,5 +1,7 @@
 """A corpus with planted duplicates, and exact Jaccard written plainly, for tests and the benchmark.
 
+Only tests/dedup and ``benchmarks/dedup.py`` use it, so it lives with the tests, not in the installed package.
+
 Documents are Zipf-distributed words from a random vocabulary, so unrelated documents share almost no
 5-gram. A planted near-duplicate replaces one contiguous block of its source's words with fresh words;
 the block length is chosen so the shingle-set Jaccard lands near a target level, and the true value is

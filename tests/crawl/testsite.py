@@ -1,6 +1,7 @@
 """A generated website on 127.0.0.1 with every case a crawler must survive, counting hits per path.
 
-Used by the crawl tests and ``benchmarks/crawl.py``. ``TestSite.EXPECTED`` says what the crawler should
+Used by the crawl tests and ``benchmarks/crawl.py`` only, so it lives with the tests rather than in the installed
+package (the demo crawls ``pipeline/crawl/sample_site``). ``TestSite.EXPECTED`` says what the crawler should
 record for each bad-input path (the index's ``failure_reason``); pages under ``/page/`` are plain
 articles whose links form a random (seeded) graph, all reachable from ``/index.html``.
 
