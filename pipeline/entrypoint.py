@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
+from pipeline.core.locks import OutputBusyError, OutputLock
 from pipeline.core.logs import setup_logging
 from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, validate_snapshot
 from pipeline.stages import stage as registered_stage
@@ -108,12 +109,15 @@ def stage_main(
     # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
     inputs = [DatasetRef.of(config, name, snapshot).require() for name in input_stages]
     start_logging(config, component or stage)
-    # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
-    from pipeline.tracking.mlflow_runs import track_stage
+    output = DatasetRef.of(config, stage, snapshot)
+    # One writer per output, from before Spark or MLflow start to the end (StageOutput takes it again).
+    with OutputLock(output.path, what=f"{stage} {config.project.corpus}/{snapshot}"):
+        # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
+        from pipeline.tracking.mlflow_runs import track_stage
 
-    with track_stage(config, stage, snapshot, inputs) as tracking:
-        manifest = run(config, inputs, DatasetRef.of(config, stage, snapshot))
-        tracking.record(manifest)
+        with track_stage(config, stage, snapshot, inputs) as tracking:
+            manifest = run(config, inputs, output)
+            tracking.record(manifest)
     print(manifest.path)
     return 0
 
@@ -124,7 +128,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         code = main(argv)
         sys.stdout.flush()  # a reader that went away (`pretrain config | head`) shows here, not at exit
         return code
-    except (ConfigError, MissingInputError, StageFailure) as exc:
+    except (ConfigError, MissingInputError, StageFailure, OutputBusyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

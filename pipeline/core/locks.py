@@ -22,6 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 _HELD: dict[Path, int] = {}  # lock file -> fd, for every lock this process holds
+# Lock files an ancestor holds for this process's run (set by run_streaming for its children): a child
+# writing the output its parent locked (the crawler under `pretrain crawl`, rank 0 under `pretrain train`)
+# is that run, not a second writer.
+INHERITED_ENV = "PRETRAIN_HELD_LOCKS"
 
 
 class OutputBusyError(RuntimeError):
@@ -37,6 +41,19 @@ def held_lock_fds() -> tuple[int, ...]:
     return tuple(_HELD.values())
 
 
+def child_lock_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: ours) plus the locks held for this run, for a child process to recognise."""
+    env = dict(os.environ if env is None else env)
+    held = sorted({*inherited_locks(), *(str(path) for path in _HELD)})
+    if held:
+        env[INHERITED_ENV] = os.pathsep.join(held)
+    return env
+
+
+def inherited_locks() -> set[str]:
+    return {path for path in os.environ.get(INHERITED_ENV, "").split(os.pathsep) if path}
+
+
 class OutputLock:
     """``with OutputLock(path, what="clean sample/2026-11-29"):`` holds the output's lock or raises."""
 
@@ -46,8 +63,8 @@ class OutputLock:
         self.fd: int | None = None
 
     def acquire(self) -> OutputLock:
-        if self.path in _HELD:  # this process already holds it (a stage calling another's writer)
-            return self
+        if self.path in _HELD or str(self.path) in inherited_locks():
+            return self  # this process, or the ancestor that started it for this run, holds it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

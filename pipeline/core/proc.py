@@ -9,6 +9,8 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from pipeline.core.locks import child_lock_environment, held_lock_fds
+
 
 class ChildFailedError(RuntimeError):
     def __init__(self, cmd: Sequence[str], returncode: int) -> None:
@@ -65,7 +67,9 @@ def run_streaming(
     emit = on_line or (lambda line: log_child_line(logger, line))
     process = subprocess.Popen(
         list(cmd),
-        env=dict(env) if env is not None else None,
+        # The child inherits the output locks this run holds, so they last as long as it writes.
+        env=child_lock_environment(dict(env) if env is not None else None),
+        pass_fds=held_lock_fds(),
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

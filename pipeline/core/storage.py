@@ -27,6 +27,7 @@ from typing import Any
 
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
+from pipeline.core.locks import OutputLock
 from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -125,6 +126,7 @@ class StageOutput:
         self.lineage = lineage or Lineage.from_env()
         self.resumable = resumable
         self.manifest: Manifest | None = None
+        self._lock: OutputLock | None = None
         self._started = 0.0
         suffix = "resume" if resumable else uuid.uuid4().hex[:8]
         self.path = ref.path.parent / f"{STAGING_PREFIX}{ref.snapshot}@{suffix}"
@@ -132,6 +134,9 @@ class StageOutput:
     def __enter__(self) -> StageOutput:
         for upstream in self.inputs:
             upstream.require()
+        # One writer per output for the whole block; only the holder may clear staging folders.
+        self._lock = OutputLock(self.ref.path, what=f"{self.ref.stage} {self.ref.corpus}/{self.ref.snapshot}")
+        self._lock.acquire()
         if not self.resumable:
             self._remove_stale_staging()
         self.path.mkdir(parents=True, exist_ok=self.resumable)
@@ -139,13 +144,16 @@ class StageOutput:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.manifest is None:
-            if not self.resumable:
-                shutil.rmtree(self.path, ignore_errors=True)
-            if exc_type is None:
-                raise RuntimeError(
-                    f"{self.ref.stage}: output block ended without commit(); nothing was published"
-                )
+        try:
+            if self.manifest is None:
+                if not self.resumable:
+                    shutil.rmtree(self.path, ignore_errors=True)
+                if exc_type is None:
+                    raise RuntimeError(
+                        f"{self.ref.stage}: output block ended without commit(); nothing was published"
+                    )
+        finally:
+            self._lock.release()
 
     def _remove_stale_staging(self) -> None:
         """A killed earlier attempt leaves its staging folder behind; it was never visible, so drop it."""

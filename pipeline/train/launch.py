@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.core.config import ENV_PREFIX
+from pipeline.core.locks import OutputLock
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
@@ -78,11 +79,15 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     (tokens,) = inputs
     command = prepare_torchrun(config, tokens, output.snapshot)
     log.info("launching: %s", " ".join(command))
-    # Ranks format their own console lines; pass them through untouched.
+    # Ranks format their own console lines; pass them through untouched. The output's lock is held from
+    # here for the whole run: torchrun inherits it, and rank 0 publishes under it.
     try:
-        run_streaming(
-            command, env=child_environment(), on_line=lambda line: print(line, file=sys.stderr, flush=True)
-        )
+        with OutputLock(output.path, what=f"train {output.corpus}/{output.snapshot}"):
+            run_streaming(
+                command,
+                env=child_environment(),
+                on_line=lambda line: print(line, file=sys.stderr, flush=True),
+            )
     except ChildFailedError:
         from pipeline.train.components.checkpoint import Checkpointer
 

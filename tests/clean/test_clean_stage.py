@@ -107,3 +107,39 @@ def test_killed_run_then_rerun_matches_uninterrupted_run(sample_corpus, tmp_path
     rerun = Manifest.read(target.path / "manifest.json")
     assert {k: v.sha256 for k, v in rerun.files.items()} == {k: v.sha256 for k, v in reference.files.items()}
     assert not list(target.path.parent.glob(".staging-*")), "the killed attempt's staging folder is gone"
+
+
+def test_a_second_run_of_a_snapshot_being_written_fails_at_once_and_leaves_the_first_alone(
+    sample_corpus, tmp_path
+):
+    """clean's start-up used to delete every staging folder of the snapshot, another run's included."""
+    config, snapshot = sample_corpus
+    reference = DatasetRef.of(config, "clean", snapshot).manifest()
+    other = _copy_crawl(config, snapshot, tmp_path / "data")
+    target = DatasetRef.of(other, "clean", snapshot)
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "clean",
+        "--snapshot",
+        snapshot,
+        "--set",
+        f"project.data_root={other.project.data_root}",
+        "--set",
+        "logging.console=false",
+    ]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not list(target.path.parent.glob(".staging-*")):  # the first run's own signal: its staging folder
+        assert first.poll() is None, "the first run ended before it was seen writing"
+        time.sleep(0.02)
+    second = subprocess.run(command, capture_output=True, text=True)
+    assert second.returncode == 2
+    assert f"clean sample/{snapshot} is being written by another run (pid {first.pid}" in second.stderr
+    assert list(target.path.parent.glob(".staging-*")), "the first run's staging folder is still there"
+    _, stderr = first.communicate()
+    assert first.returncode == 0, stderr
+    published = Manifest.read(target.path / "manifest.json")
+    assert {k: v.sha256 for k, v in published.files.items()} == {
+        k: v.sha256 for k, v in reference.files.items()
+    }

@@ -216,7 +216,9 @@ def test_a_reader_finds_a_complete_output_at_every_step_of_a_republish(config, m
     assert all(isinstance(seen, bytes) for seen in reader.seen), reader.seen
     assert reader.seen[0] == b"old" and reader.seen[-1] == b"new"
     assert (ref.path / "data.bin").read_bytes() == b"new"
-    assert sorted(p.name for p in ref.path.parent.iterdir()) == ["snap"], "no old output or staging left"
+    assert sorted(p.name for p in ref.path.parent.iterdir()) == [".lock-snap", "snap"], (
+        "no old output or staging left"
+    )
 
 
 def test_without_an_atomic_swap_the_output_is_briefly_absent_never_partial(config, monkeypatch):
@@ -232,7 +234,7 @@ def test_without_an_atomic_swap_the_output_is_briefly_absent_never_partial(confi
     assert any(isinstance(seen, MissingInputError) for seen in reader.seen), reader.seen
     assert all(isinstance(seen, (bytes, MissingInputError)) for seen in reader.seen), reader.seen
     assert reader.seen[-1] == b"new"
-    assert sorted(p.name for p in ref.path.parent.iterdir()) == ["snap"]
+    assert sorted(p.name for p in ref.path.parent.iterdir()) == [".lock-snap", "snap"]
 
 
 def test_killed_right_after_the_swap_leaves_nothing_a_resumed_run_would_pick_up(config, monkeypatch):
@@ -256,4 +258,4 @@ def test_killed_right_after_the_swap_leaves_nothing_a_resumed_run_would_pick_up(
     (leftover,) = ref.path.parent.glob(".staging-snap@swap-*")
     assert (leftover / "data.bin").read_bytes() == b"old"
     _publish_payload(ref, config, b"newer", resumable=True)  # the next publish clears it
-    assert sorted(p.name for p in ref.path.parent.iterdir()) == ["snap"]
+    assert sorted(p.name for p in ref.path.parent.iterdir()) == [".lock-snap", "snap"]
