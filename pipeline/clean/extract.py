@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline.clean.normalize import strip_terminal_escapes
+
 EXTRACTED_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -187,7 +189,8 @@ def extract_batches(batches: Iterator[pa.RecordBatch], crawl_root: str) -> Itera
                 else:
                     decoded = decode_html_detailed(payload, row["content_type"])
                     charset, fix = decoded.charset, decoded.fix
-                    text = extract_main_text(decoded.text, row["url"])
+                    # Before parsing: the parser drops the ESC control and would leave "[32m" behind.
+                    text = extract_main_text(strip_terminal_escapes(decoded.text), row["url"])
                     if not text:
                         reason = "no_main_text"
             except Exception as exc:  # one bad record must not fail the partition
