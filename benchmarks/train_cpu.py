@@ -32,9 +32,10 @@ torchrun, one rank) runs as a user would start it, with its default settings for
 batch, against the plain loop with its own default, torch's thread count (``torch.get_num_threads()`` in a
 process without OMP_NUM_THREADS; the script removes the variable from its environment before importing torch
 and reports it). That is the comparison a user gets without tuning anything; ``--no-defaults`` skips it.
-The plain loop again runs before and after, and the trainer's threads are read from its rank's log. Two-thread
-figures on a shared 2-core machine swing by up to 10x with a neighbour's load, so it also reports each side's
-fastest 10-step interval (``default_best_interval_ratio_vs_plain_loop``): what each does while both cores are free.
+The plain loop again runs before and after, and the trainer's threads are read from its rank's log.
+Two-thread figures on a shared 2-core machine swing by up to 10x with a neighbour's load, so it also reports
+each side's fastest 10-step interval (``default_best_interval_ratio_vs_plain_loop``): what each does while
+both cores are free.
 
 The last line printed is one JSON object.
 """
@@ -215,8 +216,8 @@ def side_by_side_defaults(
     # Two-thread figures swing with a neighbour's load far more than one-thread ones: record it.
     load_before = os.getloadavg()[0]
     print(
-        f"defaults: {usable_cores()} usable cores; plain loop at torch's own {TORCH_DEFAULT_THREADS} threads, "
-        f"`pretrain train` (one process) at its own; OMP_NUM_THREADS "
+        f"defaults: {usable_cores()} usable cores; plain loop at torch's own {TORCH_DEFAULT_THREADS} "
+        f"threads, `pretrain train` (one process) at its own; OMP_NUM_THREADS "
         + (f"was {inherited!r}, removed for both" if inherited else "unset"),
         flush=True,
     )

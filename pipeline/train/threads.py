@@ -1,13 +1,13 @@
-"""CPU threads per training rank: one rule, applied by the launcher (OMP_NUM_THREADS) and by every rank (torch).
+"""CPU threads per training rank: one rule, for the launcher (OMP_NUM_THREADS) and every rank (torch).
 
 torchrun sets OMP_NUM_THREADS=1 for its workers when it starts more than one per node and the variable is
-unset; with one worker it sets nothing. A fixed 1 halves a lone CPU rank on two cores (0.58x its 2-thread
-tokens/s, benchmarks/RESULTS.md), while ranks that share cores with too many threads each spin-wait on the
-others' intra-op pools. So the default follows the layout: the cores this process may run on (its CPU
-affinity, which ``taskset``, a cpuset or a container's ``--cpuset-cpus`` narrows; not the host's count)
-divided by the ranks on the node, at least 1. An OMP_NUM_THREADS already in the environment is kept, and
-``train.threads_per_rank`` overrides both. A CPU *quota* (a Kubernetes CPU limit, ``docker --cpus``) does
-not change the affinity, so set one of the two there.
+unset; with one worker it sets nothing. A fixed 1 nearly halves a lone CPU rank on two cores (0.56x
+its 2-thread tokens/s, benchmarks/RESULTS.md), while ranks that share cores with too many threads each
+spin-wait on the others' intra-op pools. So the default follows the layout: the cores this process may
+run on (its CPU affinity, which ``taskset``, a cpuset or a container's ``--cpuset-cpus`` narrows; not the
+host's count) divided by the ranks on the node, at least 1. An OMP_NUM_THREADS already in the environment
+is kept, and ``train.threads_per_rank`` overrides both. A CPU *quota* (a Kubernetes CPU limit, ``docker
+--cpus``) does not change the affinity, so set one of the two there.
 """
 
 from __future__ import annotations
