@@ -95,7 +95,7 @@ class PyTorchJobOperator(PipelineOperator):
         self.log.info("launching %s", " ".join(command))
         run_streaming(
             command,
-            env=child_environment(),
+            env=child_environment(config.train),
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,
         )
