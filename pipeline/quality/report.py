@@ -35,6 +35,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.quality.funnel import as_rows, funnel, plot_waterfall
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -203,10 +204,15 @@ def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], i
     rows = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
         for k, v in metrics.items()
+        if k != "funnel"
     )
     domain_rows = "".join(
         f"<tr><td>{html.escape(row['domain'] or '')}</td><td>{row['documents']}</td><td>{row['characters']}</td></tr>"
         for row in domains[:50]
+    )
+    funnel_rows = "".join(
+        f"<tr><td>{html.escape(step['stage'])}</td><td>{html.escape(step['reason'])}</td><td>{step['documents']}</td></tr>"
+        for step in metrics.get("funnel", [])
     )
     figures = "".join(
         f'<img alt="{image.stem}" src="data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}">'
@@ -216,6 +222,7 @@ def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], i
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Data quality: {html.escape(snapshot)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td{padding:2px 12px}img{max-width:48%;margin:4px}</style>"
         f"</head><body><h1>Data quality report: {html.escape(snapshot)}</h1>"
+        f"<h2>Drop funnel</h2><table><tr><th>stage</th><th>step</th><th>documents</th></tr>{funnel_rows}</table>"
         f"<h2>Metrics</h2><table>{rows}</table><h2>Plots</h2>{figures}"
         f"<h2>Top domains</h2><table><tr><th>domain</th><th>documents</th><th>characters</th></tr>{domain_rows}</table>"
         "</body></html>\n"
@@ -352,9 +359,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             **cosine_statistics(embeddings),
             **cluster_entropy(embeddings, quality.clusters, config.project.seed),
         }
+        steps = funnel(documents_ref.manifest())
+        metrics["funnel"] = as_rows(steps)
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         write_tables(out.path, covered.domains, ids, emb_domains, embeddings)
         images = _plot_report(out.path / "plots", covered.domains, lengths, embeddings, emb_domains)
+        images.append(plot_waterfall(steps, out.path / "plots" / "funnel.png"))
         _write_html(out.path / "report.html", output.snapshot, metrics, covered.domains, images)
         log.info(
             "quality: %d documents, %d domains, mean pairwise cosine %s",
