@@ -126,12 +126,20 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         rows = rows.cache()
         try:
             reasons = F.col("drop_reason")
-            write_parquet(rows.where(reasons.isNull()), out.path / "documents", config.spark.output_files)
+            # The same URL or text in two files gives two rows with one id: their place in the file decides.
+            order = ("source_file", "source_record")
+            write_parquet(
+                rows.where(reasons.isNull()),
+                out.path / "documents",
+                config.spark.output_files,
+                tiebreak=order,
+            )
             excluded = rows.where(reasons.isNotNull() & ~reasons.startswith(SKIPPED))
             write_parquet(
                 excluded.withColumn("id", F.coalesce("id", F.concat_ws("#", "source_file", "source_record"))),
                 out.path / "excluded",
                 config.spark.output_files,
+                tiebreak=order,
             )
             counters = ingest_counters(rows)
         finally:
