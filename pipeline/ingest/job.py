@@ -1,8 +1,8 @@
 """The ingest stage as a Spark job: source files in, the clean stage's input contract out.
 
 1. list the sources in the driver (metadata only) and checksum each file in a Spark task;
-2. read each file in a Spark task of its own (``readers.ingest_batches``): one row per record, a document
-   or a quarantined record with its reason;
+2. read each file (each row group of a Parquet file) in a Spark task of its own (``readers.ingest_batches``):
+   one row per record, a document or a quarantined record with its reason;
 3. write ``documents/`` (clean's EXTRACTED_SCHEMA plus where each record came from, its size and metadata)
    and ``excluded/``, and a manifest naming every source file with its size and sha256.
 
@@ -26,7 +26,7 @@ from pipeline.ingest.readers import (
     checksum_batches,
     ingest_batches,
 )
-from pipeline.ingest.sources import SourceFile, list_sources
+from pipeline.ingest.sources import SourceFile, list_sources, open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -45,11 +45,31 @@ def stored_sources(output: DatasetRef) -> list[dict]:
     return list(output.manifest().extra.get("sources", []))
 
 
-def _listing(spark: SparkSession, files: list[SourceFile]) -> DataFrame:
-    """One partition per file, so each file is read by one task and files are read in parallel."""
-    rows = [(entry.path, entry.format, entry.bytes) for entry in files]
+def _parts(entry: SourceFile) -> list[int | None]:
+    """A Parquet file's row groups, each read by a task of its own (its footer, read here, is small); one
+    part for any other file (gzip streams cannot be split) or a footer that cannot be read."""
+    if entry.format != "parquet":
+        return [None]
+    import pyarrow.parquet as pq
+
+    try:
+        with open_source(entry.path) as handle:
+            groups = pq.ParquetFile(handle).metadata.num_row_groups
+    except Exception:  # the task quarantines the file, with the reason
+        return [None]
+    return list(range(groups)) or [None]
+
+
+def _listing(spark: SparkSession, files: list[SourceFile], split: bool) -> DataFrame:
+    """One partition per file (or Parquet row group), so files are read in parallel, each by one task."""
+    columns = "path string, format string, bytes long, part int"
+    rows = [
+        (entry.path, entry.format, entry.bytes, part)
+        for entry in files
+        for part in (_parts(entry) if split else [None])
+    ]
     rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-    return spark.createDataFrame(rdd, "path string, format string, bytes long")
+    return spark.createDataFrame(rdd, columns)
 
 
 def checksums(listing: DataFrame) -> dict[str, dict]:
@@ -101,8 +121,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         spark = spark_session(config, f"ingest-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
-        listing = _listing(spark, files)
-        sums = checksums(listing)
+        sums = checksums(_listing(spark, files, split=False))
         for entry in previous or []:
             now = sums.get(entry["path"], {})
             if now.get("sha256") != entry["sha256"]:
@@ -120,7 +139,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             for entry in files
         ]
         unreadable = [entry["path"] for entry in sources if entry["sha256"] is None]
-        rows = listing.mapInArrow(
+        rows = _listing(spark, files, split=True).mapInArrow(
             lambda batches: ingest_batches(batches, settings), spark_schema(INGESTED_SCHEMA)
         )
         rows = rows.cache()

@@ -126,7 +126,9 @@ class _CountingStream:
         return data
 
 
-def read_warc(source: str, fmt: str, size: int, config: IngestConfig) -> Iterator[dict[str, Any]]:
+def read_warc(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
     """WARC responses (HTML extracted exactly as the crawl's pages are) or WET conversions (already text).
 
     warcio stops quietly where a gzip stream is cut; a cut shows as a damaged last record, a record shorter
@@ -262,7 +264,9 @@ def _record(source, number, fmt, fields: dict[str, Any], nbytes: int, config: In
     )
 
 
-def read_jsonl(source: str, fmt: str, size: int, config: IngestConfig) -> Iterator[dict[str, Any]]:
+def read_jsonl(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
     limit = config.max_record_bytes
     with open_source(source) as raw:
         stream = gzip.GzipFile(fileobj=raw) if source.lower().endswith(".gz") else raw
@@ -302,7 +306,10 @@ def _jsonl_row(line: bytes, source: str, number: int, fmt: str, config: IngestCo
         return _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", len(line))
 
 
-def read_parquet(source: str, fmt: str, size: int, config: IngestConfig) -> Iterator[dict[str, Any]]:
+def read_parquet(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """One row group (``part``) of a Parquet file, or all of it; records are numbered across the file."""
     import pyarrow.parquet as pq
 
     with open_source(source) as handle:
@@ -311,17 +318,21 @@ def read_parquet(source: str, fmt: str, size: int, config: IngestConfig) -> Iter
         except Exception as exc:
             yield _quarantined(source, 0, fmt, _file_failure(exc))
             return
+        metadata = parquet.metadata
+        groups = list(range(metadata.num_row_groups)) if part is None else [part]
+        first = sum(metadata.row_group(index).num_rows for index in range(groups[0] if groups else 0))
         names = parquet.schema_arrow.names
         if config.text_column not in names:
             reason = f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
-            for number in range(parquet.metadata.num_rows):
+            rows = sum(metadata.row_group(index).num_rows for index in groups)
+            for number in range(first, first + rows):
                 yield _quarantined(source, number, fmt, reason)
             return
         wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
         columns = [name for name in dict.fromkeys(wanted) if name in names]
-        number = -1
+        number = first - 1
         try:
-            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns):
                 text_column = batch.column(config.text_column)
                 if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
                     raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
@@ -357,14 +368,15 @@ READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": 
 
 
 def ingest_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: (path, format, bytes) rows in, the files' records out, BATCH_ROWS at a time."""
+    """mapInArrow body: (path, format, bytes, part) rows in, the records of each file (or of its row
+    group ``part``) out, BATCH_ROWS at a time."""
     for batch in batches:
         for listed in batch.to_pylist():
             rows: list[dict[str, Any]] = []
             source, fmt = listed["path"], listed["format"]
             emitted = 0
             try:
-                for row in READERS[fmt](source, fmt, listed["bytes"], config):
+                for row in READERS[fmt](source, fmt, listed["bytes"], config, listed["part"]):
                     rows.append(row)
                     emitted += 1
                     if len(rows) >= BATCH_ROWS:

@@ -174,7 +174,7 @@ def write_parquet(folder: Path) -> dict:
     binary = pa.array(texts, pa.binary())
     invalid = pa.Array.from_buffers(pa.string(), len(texts), binary.buffers())  # no UTF-8 validation
     table = table.set_column(table.schema.get_field_index("text"), "text", invalid)
-    pq.write_table(table, folder / "with_ids.parquet")
+    pq.write_table(table, folder / "with_ids.parquet", row_group_size=2)  # two row groups: two tasks
     pq.write_table(pa.table({"text": [text(12)], "lang_hint": ["en"]}), folder / "no_ids.parquet")
     pq.write_table(pa.table({"body": ["a", "b"]}), folder / "no_text_column.parquet")
     good = io.BytesIO()

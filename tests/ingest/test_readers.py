@@ -26,12 +26,12 @@ def settings(folder) -> IngestConfig:
     )
 
 
-def read(folder, fmt: str) -> list[dict]:
+def read(folder, fmt: str, part: int | None = None) -> list[dict]:
     config = settings(folder)
     rows = []
     for source in list_sources(config.sources):
         if source.format == fmt:
-            rows += list(READERS[fmt](source.path, fmt, source.bytes, config))
+            rows += list(READERS[fmt](source.path, fmt, source.bytes, config, part))
     return [row for row in rows if not (row["drop_reason"] or "").startswith(SKIPPED)]
 
 
@@ -94,3 +94,12 @@ def test_urls_give_the_crawl_paths_ids_and_metadata_is_kept(written):
 
 def test_a_text_hash_id_does_not_depend_on_whitespace_or_normalisation():
     assert text_id("A  line.\n\n\n\nAnother  one.") == text_id("A line.\n\nAnother one.")
+
+
+def test_a_parquet_row_group_is_read_alone_and_numbered_within_its_file(written):
+    folder, _ = written
+    config = settings(folder)
+    path = str(folder / "with_ids.parquet")
+    whole = list(READERS["parquet"](path, "parquet", 0, config))
+    parts = [row for group in (0, 1) for row in READERS["parquet"](path, "parquet", 0, config, group)]
+    assert parts == whole and [row["source_record"] for row in parts] == [0, 1, 2, 3]
