@@ -116,7 +116,16 @@ class CleanConfig(Section):
     min_chars: int = Field(100, ge=0, description="shorter (normalised) texts are dropped before the filters")
     max_chars: int = Field(1_000_000, gt=0, description="longer raw texts are quarantined before any work")
     languages: list[str] = Field(["en"], min_length=1, description="language codes kept (py3langid labels)")
-    min_language_score: float = Field(0.65, ge=0, le=1)
+    min_language_score: float = Field(0.65, ge=0, le=1, description="FineWeb's threshold, for every language")
+    language_min_scores: dict[str, float] = Field(
+        default_factory=dict,
+        description="per language, a threshold that replaces min_language_score: {zh: 0.5}",
+    )
+    language_groups: dict[str, list[str]] = Field(
+        default_factory=lambda: {"zh": ["zh", "wuu", "yue"]},
+        description="labels identified as one language, their probabilities summed: classical Chinese is "
+        "often labelled wuu or yue with its probability split between them and zh; {} keeps them apart",
+    )
     langid_max_chars: int = Field(10_000, gt=0, description="language id reads this many leading characters")
     gopher_repetition: GopherRepetitionConfig = Field(default_factory=GopherRepetitionConfig)
     gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
@@ -167,9 +176,19 @@ class CleanConfig(Section):
         unknown = sorted(set(self.languages) - LANGID_LABELS)
         if unknown:
             raise ValueError(f"languages {unknown} are not py3langid labels; known: {sorted(LANGID_LABELS)}")
+        for name, members in self.language_groups.items():
+            bad = sorted({name, *members} - LANGID_LABELS)
+            if bad:
+                raise ValueError(f"language_groups.{name}: {bad} are not py3langid labels")
+        for lang, score in self.language_min_scores.items():
+            if not 0 <= score <= 1:
+                raise ValueError(f"language_min_scores.{lang} must lie in [0, 1], got {score}")
         for lang in self.language_overrides:
             self.for_language(lang)  # fails here, naming the language, if an override is invalid
         return self
+
+    def min_score_for(self, lang: str | None) -> float:
+        return self.language_min_scores.get(lang or "", self.min_language_score)
 
     def for_language(self, lang: str | None) -> CleanConfig:
         """This config with ``language_overrides[lang]`` applied to the filter sections."""

@@ -89,11 +89,11 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
                 try:
                     text = normalize_text(text)
                     if text:
-                        lang, score = identify_language(text, config.langid_max_chars)
+                        lang, score = identify_language(text, config.langid_max_chars, config.language_groups)
                     if (
                         len(text) >= config.min_chars
                         and lang in kept_languages
-                        and score >= config.min_language_score
+                        and score >= config.min_score_for(lang)
                     ):
                         signals, c4_text = documents.compute(text, lang)
                 except Exception as exc:  # one bad document must not fail the partition
@@ -122,6 +122,9 @@ def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
 
     n_chars = F.length("text")
     languages = F.array(*[F.lit(lang) for lang in config.languages])
+    min_score = F.lit(config.min_language_score)
+    for lang, score in sorted(config.language_min_scores.items()):
+        min_score = F.when(F.col("lang") == lang, F.lit(score)).otherwise(min_score)
     decisions = [
         (
             "normalize.too_short",
@@ -143,11 +146,12 @@ def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
         ),
         (
             "language.min_score",
-            F.col("lang_score") < config.min_language_score,
+            F.col("lang_score") < min_score,
             F.concat(
                 F.lit("language.min_score: lang_score="),
                 F.col("lang_score").cast("string"),
-                F.lit(f" < {config.min_language_score}"),
+                F.lit(" < "),
+                min_score.cast("string"),
             ),
         ),
     ]
