@@ -36,3 +36,18 @@ def latest_token_shards_extra(triggering_asset_events: Mapping | None) -> dict[s
         return {}
     latest = max(events, key=lambda event: event.timestamp)
     return dict(latest.extra or {})
+
+
+def announce_token_shards(outlet_events, *, path: str, snapshot: str, params: Mapping[str, Any]) -> str:
+    """Set the TOKEN_SHARDS event of a publishing task: this event schedules `pretrain` on ``snapshot``."""
+    from pipeline.core.manifest import MANIFEST_NAME, Manifest
+
+    manifest = Manifest.read(f"{path}/{MANIFEST_NAME}")
+    outlet_events[TOKEN_SHARDS].extra = token_shards_extra(
+        path=path,
+        snapshot=snapshot,
+        digest=manifest.digest,
+        config_path=params["config_path"],
+        overrides=params["overrides"] or [],
+    )
+    return path
