@@ -15,7 +15,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from operators.assets import TOKEN_SHARDS, announce_token_shards
 from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
-from operators.tasks import corpus_stages, stage_task, stage_tasks
+from operators.tasks import corpus_stages, report_outputs, stage_task, stage_tasks
 from pipeline.stages import stage, training_input
 
 
@@ -53,13 +53,20 @@ def corpus_from_files():
     stages = stage_tasks(corpus_stages(reports=True), after=ingest, source="ingest", overrides=overrides)
 
     @task(outlets=[TOKEN_SHARDS])
-    def publish_token_shards(path: str, params=None, ds=None, outlet_events=None) -> str:
-        """Announce the snapshot's token shards: this event schedules `pretrain`."""
+    def publish_token_shards(
+        path: str, report_paths: list[str], params=None, ds=None, outlet_events=None
+    ) -> str:
+        """Announce the snapshot's token shards (this event schedules `pretrain`), unless its quality
+        report failed the gate in mode fail: then this task is skipped, naming the thresholds missed."""
         return announce_token_shards(
-            outlet_events, path=path, snapshot=run_snapshot(params, ds), params=params
+            outlet_events,
+            path=path,
+            snapshot=run_snapshot(params, ds),
+            params=params,
+            report_paths=report_paths,
         )
 
-    publish_token_shards(stages[training_input().name].output)
+    publish_token_shards(stages[training_input().name].output, report_outputs(stages))
 
 
 corpus_from_files()

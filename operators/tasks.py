@@ -17,7 +17,7 @@ from operators.pytorch_job import PyTorchJobOperator
 from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
 from pipeline.config import PipelineConfig
-from pipeline.stages import CORPUS_SOURCES, Stage, downstream, group
+from pipeline.stages import CORPUS_SOURCES, STAGES, Stage, downstream, group
 
 
 def crawl_shard_ids(config: PipelineConfig) -> list[int]:
@@ -105,3 +105,9 @@ def ingest_overrides(params: Mapping[str, Any]) -> list[str]:
         overrides.append(f"ingest.sources={json.dumps([str(source) for source in params['sources']])}")
     load_config(params.get("config_path") or None, overrides)  # a bad value fails here, naming the key
     return overrides
+
+
+def report_outputs(tasks: Mapping[str, BaseOperator]) -> list:
+    """The output paths (XCom) of the report tasks among ``tasks``: what a snapshot's announcement waits
+    for, since a report's quality gate may hold the snapshot back from training."""
+    return [tasks[entry.name].output for entry in STAGES if entry.report and entry.name in tasks]

@@ -66,7 +66,8 @@ def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_to
     assert dag.get_task("tokenize").input_stage == "dedup"
     assert dag.get_task("quality").upstream_task_ids == {"dedup"}  # beside tokenize, not before
     assert dag.get_task("quality").input_stage == "dedup"
-    assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize"}
+    # It waits for the quality report too: a report that fails its gate in mode fail holds the snapshot back.
+    assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize", "quality"}
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
     assert set(dag.params) == {"snapshot", "config_path", "overrides"}
 
