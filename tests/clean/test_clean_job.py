@@ -109,11 +109,14 @@ def test_languages_and_their_rules(cleaned):
     assert out["german"]["lang"] == "de" and out["german"]["drop_rule"] == "language.not_kept"
     mixed = out["mixed"]
     assert mixed["lang"] in {"en", "zh"} and mixed["lang_score"] is not None
+    # py3langid splits this text between zh (0.62) and wuu/yue; clean.language_groups makes them one language.
     uncertain = out["uncertain"]
-    assert uncertain["lang"] == "zh" and uncertain["lang_score"] < 0.65
-    assert uncertain["drop_rule"] == "language.min_score"
-    mixed_kept_as_chinese = mixed["lang"] == "zh" and mixed["drop_rule"] is None
-    assert counters["kept_by_language"]["zh"] == 1 + mixed_kept_as_chinese
+    assert uncertain["lang"] == "zh" and uncertain["lang_score"] > 0.99
+    assert uncertain["drop_rule"] != "language.min_score"
+    kept_as_chinese = [
+        n for n in ("chinese", "mixed", "uncertain") if out[n]["lang"] == "zh" and not out[n]["drop_rule"]
+    ]
+    assert counters["kept_by_language"]["zh"] == len(kept_as_chinese)
 
 
 @pytest.mark.slow
