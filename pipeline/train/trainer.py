@@ -582,15 +582,20 @@ class Trainer(Stateful):
 
 
 def _truncate_metrics(path: Path, after_step: int) -> None:
-    """A resumed run redoes the steps after its checkpoint, so drop any lines logged past it."""
+    """A resumed run redoes the steps after its checkpoint, so drop any lines logged past it.
+
+    A last line without its newline was torn by a kill mid-write; it is dropped, as the log shipper leaves a
+    line alone until its newline arrives. The file is replaced atomically, so a kill here loses nothing.
+    """
     if not path.exists():
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["step"] <= after_step
-    ]
-    path.write_text("".join(line + "\n" for line in kept))
+    *complete, torn = path.read_bytes().split(b"\n")
+    if torn:
+        log.warning("%s: dropping a torn last line (%d bytes, no newline)", path, len(torn))
+    kept = [line for line in complete if line.strip() and json.loads(line)["step"] <= after_step]
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(b"".join(line + b"\n" for line in kept))
+    os.replace(temporary, path)
 
 
 def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> Manifest | None:

@@ -81,6 +81,19 @@ def test_sigterm_checkpoints_and_resume_repeats_the_uninterrupted_run_bit_for_bi
     assert_same_run(single_process(config, tmp_path), uninterrupted)
 
 
+def test_a_torn_last_metrics_line_is_dropped_and_the_run_resumes(uninterrupted, tmp_path, monkeypatch):
+    """Killed mid-write, the metrics file ends in half a line; it used to fail every resume with a
+    JSONDecodeError although the checkpoint was fine."""
+    config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
+    write_token_corpus(config, SNAPSHOT)
+    stop_at(config, 5, monkeypatch)
+    metrics = checkpoints_of(config).folder.parent / "metrics.jsonl"
+    with metrics.open("ab") as handle:  # cut inside a two-byte character, as a kill can leave it
+        handle.write('{"step": 6, "loss": 1.25, "note": "\u00e9'.encode()[:-1])
+
+    assert_same_run(single_process(config, tmp_path), uninterrupted)
+
+
 def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     uninterrupted, tmp_path, monkeypatch, caplog
 ):
