@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     config, snapshot = resolve(args)
     is_worker = "RANK" in os.environ or "LOCAL_RANK" in os.environ or config.distributed.rank is not None
     if not is_worker:
-        from pipeline.train.launch import run
+        from pipeline.train.launch import name_run, run
 
         return stage_main(
             argv,
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             description=__doc__,
             run=run,
             component="train-launcher",
+            name_run=name_run,
         )
     rank = int(os.environ.get("RANK", config.distributed.rank or 0))
     # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
