@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
 from pipeline.core.storage import DatasetRef
+from pipeline.train.failures import TrainingStopped
+from pipeline.train.faults import ENV_LAUNCHER_PID
 from pipeline.train.runs import record_run, resolve_run
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ def train(
     *,
     on_line: Callable[[str], None],
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    forward_signals: bool = False,
 ) -> Manifest:
     """Train a run of ``snapshot`` with torchrun on this machine: the run the config names, else the one
     ``name_run`` picks (new or resumed); returns its manifest.
@@ -105,6 +109,12 @@ def train(
     The run's lock is held from here for the whole training: torchrun inherits it, and rank 0 publishes
     under it. The run's staging folder and ``run.json`` are written first, so a second launcher with the
     same settings finds this run (and its holder) at once instead of starting one of its own.
+
+    No orphans: torchrun gets SIGTERM from the kernel should this process die, even by SIGKILL (it then
+    stops its ranks, which checkpoint), and each rank gets SIGKILL should torchrun die (``__main__``). With
+    ``forward_signals`` (the CLI) SIGTERM or SIGINT to this process is passed on to torchrun and the wait
+    goes on, so the ranks checkpoint and stop, then ``TrainingStopped`` says where; a second one kills
+    the group. An Airflow task leaves it off: Airflow's own handler kills the group (``on_kill``).
     """
     config = config.with_run(name_run(config, snapshot))
     output = DatasetRef.of(config, "train", snapshot)
@@ -114,11 +124,26 @@ def train(
     try:
         with OutputLock(output.path, what=output.what):
             record_run(staging, config, output.run)
-            run_streaming(command, env=child_environment(), on_line=on_line, on_start=on_start)
-    except ChildFailedError:
+            run_streaming(
+                command,
+                env={**child_environment(), ENV_LAUNCHER_PID: str(os.getpid())},
+                on_line=on_line,
+                on_start=on_start,
+                die_with_parent=signal.SIGTERM,
+                forward_signals=forward_signals,
+            )
+    except ChildFailedError as failed:
         from pipeline.train.components.checkpoint import Checkpointer
 
-        steps = Checkpointer(staging / "checkpoints").steps()
+        checkpoints = Checkpointer(staging / "checkpoints")
+        steps = checkpoints.steps()
+        if failed.stopped_by is not None:
+            newest = steps[-1] if steps else None
+            raise TrainingStopped(
+                newest,
+                checkpoints.path_for(newest) if steps else None,
+                signal.Signals(failed.stopped_by).name,
+            ) from None
         if steps:
             log.error(
                 "training did not finish; its newest checkpoint is step %d in %s: run the same command again "
@@ -138,4 +163,5 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         tokens,
         output.snapshot,
         on_line=lambda line: print(line, file=sys.stderr, flush=True),
+        forward_signals=True,
     )

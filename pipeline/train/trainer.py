@@ -56,6 +56,7 @@ from pipeline.train.components.metrics import (
 )
 from pipeline.train.components.optimizer import OptimizerState, build_optimizer
 from pipeline.train.compression import CompressionState, GradientCompression, build_compression
+from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
 from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
@@ -68,16 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
-EXIT_STOPPED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM after its checkpoint
-
-
-class TrainingStopped(Exception):
-    """SIGTERM arrived; the run saved a checkpoint at ``step`` and stopped. Run it again to continue."""
-
-    def __init__(self, step: int, checkpoint: Path) -> None:
-        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint {checkpoint}; rerun to resume")
-        self.step = step
-        self.checkpoint = checkpoint
+__all__ = ["EXIT_STOPPED", "Trainer", "TrainingStopped", "train"]
 
 
 def build_model_config(config: PipelineConfig, vocab_size: int) -> GPTConfig:

@@ -140,6 +140,25 @@ def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return [process for process in processes if running(process)]
 
 
+def processes_mentioning(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (a test's own data root: its config file is in
+    the argv of the launcher, the torchrun agent and every rank), wherever they were reparented."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(process.info["cmdline"] or []) and alive([process]):
+            found.append(process)
+    return found
+
+
+def wait_gone(processes: list[psutil.Process], timeout_s: float = 120) -> list[psutil.Process]:
+    """Wait until every process has exited; returns (after SIGKILLing them) those still alive past the guard."""
+    _, still_alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in still_alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return still_alive
+
+
 def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL the process's group (it was started in a session of its own) and every descendant."""
     tree = process_tree(process.pid)
