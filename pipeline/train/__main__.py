@@ -4,7 +4,9 @@ Run directly, it launches torchrun with train.nproc_per_node processes per node 
 train.max_restarts restarts after a failure), so `pretrain train --snapshot demo` is all a user types.
 Under torchrun (RANK in the environment), or with distributed.rank set, it is the per-rank trainer.
 
-Exit status 143: stopped by SIGTERM after writing a checkpoint; the same command resumes the run. The
+Exit status 143: stopped by SIGTERM after writing a checkpoint; the same command resumes the run. Exit
+status 2: a failure no restart can fix (a bad setting, a read-only checkpoint folder...), stated in one line;
+a rank that meets one stops its torchrun agent rather than have it restart the group. The
 launcher passes SIGTERM and SIGINT on to torchrun and waits for the ranks' checkpoint; a rank dies with its
 torchrun agent and torchrun with the launcher, so nothing outlives a killed `pretrain train`.
 Details: docs/training.md.
@@ -27,9 +29,9 @@ from pipeline.entrypoint import (
     stage_parser,
     start_logging,
 )
+from pipeline.train.failures import TORCHRUN_WORKER
 
 log = logging.getLogger("pipeline.train")
-TORCHRUN_WORKER = "TORCHELASTIC_RUN_ID"  # set by the torchrun agent for the workers it starts
 
 
 def _parser():
@@ -68,13 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     start_logging(config, "train", rank=rank)
+    from pipeline.train.failures import rank_failed
     from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 
+    trainer = None
     try:
-        Trainer(config, snapshot, args.input_stage).run()
+        trainer = Trainer(config, snapshot, args.input_stage)
+        trainer.run()
     except TrainingStopped as stopped:
         log.warning("%s", stopped)
         return EXIT_STOPPED
+    except Exception as exc:
+        # Recorded for the launcher; a failure no restart can fix stops the job here, once.
+        return rank_failed(exc, rank, stopping=trainer is not None and trainer.stopping)
     return 0
 
 

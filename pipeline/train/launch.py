@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
 from pipeline.core.storage import DatasetRef
-from pipeline.train.failures import TrainingStopped
+from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
 from pipeline.train.faults import ENV_LAUNCHER_PID
 from pipeline.train.runs import record_run, resolve_run
 
@@ -46,7 +47,7 @@ def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, i
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "pipeline.train.agent",  # torchrun (torch.distributed.run), one line instead of a traceback when stopped
         f"--nproc-per-node={train.nproc_per_node}",
         f"--max-restarts={train.max_restarts}",
     ]
@@ -121,12 +122,14 @@ def train(
     command = prepare_torchrun(config, tokens, snapshot)
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
+    failures = prepare_failures_folder(config, snapshot, output.run)
+    env = {**child_environment(), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
     try:
         with OutputLock(output.path, what=output.what):
             record_run(staging, config, output.run)
             run_streaming(
                 command,
-                env={**child_environment(), ENV_LAUNCHER_PID: str(os.getpid())},
+                env=env,
                 on_line=on_line,
                 on_start=on_start,
                 die_with_parent=signal.SIGTERM,
@@ -144,15 +147,17 @@ def train(
                 checkpoints.path_for(newest) if steps else None,
                 signal.Signals(failed.stopped_by).name,
             ) from None
-        if steps:
-            log.error(
-                "training did not finish; its newest checkpoint is step %d in %s: run the same command again "
-                "to resume from there",
-                steps[-1],
-                staging / "checkpoints",
-            )
-        raise
+        resume = f"resumes from step {steps[-1]}" if steps else "starts over (no checkpoint yet)"
+        raise failure_summary(failed, read_failures(failures), f"run {output.run} {resume}") from None
     return output.manifest()
+
+
+def prepare_failures_folder(config: PipelineConfig, snapshot: str, run: str) -> Path:
+    """Where this launch's ranks record their failures (``pipeline.train.failures``); emptied first."""
+    folder = run_folder(config) / f"train-{snapshot}-{run}-failures"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:

@@ -139,6 +139,7 @@ class Trainer(Stateful):
         self.config = config
         self.train_config = config.train
         self.snapshot = snapshot
+        self._stop: StopSignal | None = None
         self.ctx: DistributedContext = init_distributed(config)
         try:
             self._build(input_stage)
@@ -335,6 +336,11 @@ class Trainer(Stateful):
         )
         seed_everything(self.config.project.seed + 1_000_003 * (self.ctx.rank + 1) + self.step)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether SIGTERM asked this rank to stop (the job is being stopped, or preempted)."""
+        return self._stop is not None and self._stop.received
+
     # --- checkpoint part ``train_state`` ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -461,6 +467,7 @@ class Trainer(Stateful):
         )
         try:
             with StopSignal() as stop:
+                self._stop = stop
                 while self.step < train.steps:
                     self.train_step()
                     progress.update(1)
