@@ -25,6 +25,18 @@ pools spin-wait on each other and a neighbour's load makes 2-thread figures swin
 single-thread ones stay comparable; the per-step work and the overheads compared are the same. The trainer's tokens/s is its own per-interval figure (``metrics.jsonl``), first interval
 dropped as warm-up, like the plain loop's first steps. Document masking is off on both sides by default
 (``--document-masking`` turns it on for the trainer only and reports what it costs).
+
+**Defaults, side by side** (issue 24): then ``pretrain train`` (``python -m pipeline.train``: the launcher,
+torchrun, one rank) runs as a user would start it, with its default settings for one process
+(``train.nproc_per_node=1``, no ``train.threads_per_rank``, no OMP_NUM_THREADS), on the same shards, model and
+batch, against the plain loop with its own default, torch's thread count (``torch.get_num_threads()`` in a
+process without OMP_NUM_THREADS; the script removes the variable from its environment before importing torch
+and reports it). That is the comparison a user gets without tuning anything; ``--no-defaults`` skips it.
+The plain loop again runs before and after, and the trainer's threads are read from its rank's log.
+Two-thread figures on a shared 2-core machine swing by up to 10x with a neighbour's load, so it also reports
+each side's fastest 10-step interval (``default_best_interval_ratio_vs_plain_loop``): what each does while
+both cores are free.
+
 The last line printed is one JSON object.
 """
 
@@ -33,12 +45,16 @@ The last line printed is one JSON object.
 import os
 import sys
 
+# Before torch is imported, so "torch's own thread count" below is its default, not an inherited setting.
+_INHERITED_OMP_NUM_THREADS = os.environ.pop("OMP_NUM_THREADS", None)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
 
 import argparse  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -46,23 +62,30 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
 from pipeline.config import PipelineConfig, load_config  # noqa: E402
+from pipeline.core.config import ENV_PREFIX  # noqa: E402
+from pipeline.core.proc import run_streaming  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.model.gpt import GPT  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 from pipeline.train.components.amp import MixedPrecision  # noqa: E402
 from pipeline.train.components.optimizer import parameter_groups  # noqa: E402
 from pipeline.train.host_memory import keep_freed_host_memory  # noqa: E402
+from pipeline.train.threads import usable_cores  # noqa: E402
 
 SNAPSHOT = "bench"
+DEFAULTS_SNAPSHOT = "bench-defaults"
+REPO_ROOT = os.path.dirname(_HERE)
 VOCAB = 2048
 
 
-def write_shards(config: PipelineConfig, tokens: int, seed: int = 0) -> DatasetRef:
+def write_shards(config: PipelineConfig, tokens: int, seed: int = 0, snapshot: str = SNAPSHOT) -> DatasetRef:
     """A tokenize output of Zipf-distributed token ids in documents of 50-2000 tokens (content does not change
     the arithmetic; the shard and manifest format are the real ones)."""
     rng = np.random.default_rng(seed)
-    ref = DatasetRef.of(config, "tokenize", SNAPSHOT)
+    ref = DatasetRef.of(config, "tokenize", snapshot)
     with StageOutput(ref, config, []) as out:
         for split, count in (("train", tokens), ("validation", tokens // 20)):
             (out.path / split).mkdir()
@@ -78,8 +101,18 @@ def write_shards(config: PipelineConfig, tokens: int, seed: int = 0) -> DatasetR
     return ref
 
 
-def plain_loop(config: PipelineConfig, model_config, tokens: np.ndarray, steps: int, warmup: int) -> float:
-    """nanoGPT's loop: tokens/s over ``steps`` steps after ``warmup`` untimed ones."""
+def plain_loop(
+    config: PipelineConfig,
+    model_config,
+    tokens: np.ndarray,
+    steps: int,
+    warmup: int,
+    intervals: list[float] | None = None,
+) -> float:
+    """nanoGPT's loop: tokens/s over ``steps`` steps after ``warmup`` untimed ones.
+
+    ``intervals`` gets the tokens/s of every ``warmup`` timed steps, like the trainer's per-interval figures.
+    """
     train = config.train
     torch.manual_seed(0)
     model = GPT(model_config)
@@ -95,10 +128,10 @@ def plain_loop(config: PipelineConfig, model_config, tokens: np.ndarray, steps: 
         rows = torch.from_numpy(np.stack([tokens[s : s + seq + 1].astype(np.int64) for s in starts]))
         return rows[:, :-1], rows[:, 1:]
 
-    started = 0.0
+    marks: list[tuple[int, float]] = []  # (timed steps done, time)
     for step in range(warmup + steps):
-        if step == warmup:
-            started = time.perf_counter()
+        if step >= warmup and (step - warmup) % warmup == 0:
+            marks.append((step - warmup, time.perf_counter()))
         # nanoGPT's get_lr: linear warm-up, then cosine to min_lr (the same curve as the trainer's).
         if step < train.warmup_steps:
             lr = train.lr * (step + 1) / train.warmup_steps
@@ -116,7 +149,10 @@ def plain_loop(config: PipelineConfig, model_config, tokens: np.ndarray, steps: 
         precision.step(optimizer, model.parameters(), train.grad_clip)
         optimizer.zero_grad(set_to_none=True)
     loss.item()
-    return steps * batch * seq / (time.perf_counter() - started)
+    marks.append((steps, time.perf_counter()))
+    if intervals is not None:
+        intervals += [(n1 - n0) * batch * seq / (t1 - t0) for (n0, t0), (n1, t1) in itertools.pairwise(marks)]
+    return steps * batch * seq / (marks[-1][1] - marks[0][1])
 
 
 def our_trainer(config: PipelineConfig, root: Path, log_every: int) -> tuple[float, dict]:
@@ -130,14 +166,87 @@ def our_trainer(config: PipelineConfig, root: Path, log_every: int) -> tuple[flo
         }
     )
     manifest = train(single, SNAPSHOT)
-    rows = [
-        json.loads(line)
-        for line in (DatasetRef.of(config, "train", SNAPSHOT).path / "metrics.jsonl").read_text().splitlines()
-    ]
-    timed = [row for row in rows if "tokens_per_s" in row][1:]  # the first interval holds the warm-up
+    return trainer_tokens_per_s(config, SNAPSHOT, log_every), manifest.extra
+
+
+def trainer_tokens_per_s(
+    config: PipelineConfig, snapshot: str, log_every: int, intervals: list[float] | None = None
+) -> float:
+    """The trainer's own per-interval figures from metrics.jsonl, the first interval (warm-up) dropped."""
+    path = DatasetRef.of(config, "train", snapshot).path / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    timed = [row for row in rows if "tokens_per_s" in row][1:]
+    if intervals is not None:
+        intervals += [row["tokens_per_s"] for row in timed]
     tokens = sum(row["tokens"] for row in timed)
     seconds = sum(row["step_time_s"] * log_every for row in timed)
-    return tokens / seconds, manifest.extra
+    return tokens / seconds
+
+
+def pretrain_train_defaults(
+    config: PipelineConfig, root: Path, log_every: int, intervals: list[float]
+) -> tuple[float, int]:
+    """`pretrain train` in its own processes (launcher, torchrun, one rank), thread settings left to it.
+
+    Returns its tokens/s and the threads its rank reported in its start-up line.
+    """
+    config_path = root / "defaults.yaml"
+    config_path.write_text(config.to_yaml())
+    command = [sys.executable, "-m", "pipeline.train", "--config", str(config_path)]
+    command += ["--snapshot", DEFAULTS_SNAPSHOT, "--set", "train.nproc_per_node=1"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    output: list[str] = []
+    try:
+        run_streaming(command, env=env, cwd=REPO_ROOT, on_line=output.append)
+    except Exception:
+        print("\n".join(output[-40:]), file=sys.stderr)
+        raise
+    rank_logs = (Path(config.project.data_root) / "_runs").glob("*/logs/train-rank0-*.ecs.json")
+    messages = [json.loads(line).get("message", "") for log in rank_logs for line in log.open()]
+    started = [m for m in messages if m.startswith("training ") and "thread(s) per rank" in m]
+    threads = int(re.search(r"(\d+) thread\(s\) per rank", started[-1]).group(1)) if started else -1
+    return trainer_tokens_per_s(config, DEFAULTS_SNAPSHOT, log_every, intervals), threads
+
+
+def side_by_side_defaults(
+    config: PipelineConfig, model_config, stream: np.ndarray, steps: int, root: Path, log_every: int
+) -> dict:
+    """`pretrain train` with its own thread default vs the plain loop at torch's own, plain loop twice."""
+    inherited = _INHERITED_OMP_NUM_THREADS
+    # Two-thread figures swing with a neighbour's load far more than one-thread ones: record it.
+    load_before = os.getloadavg()[0]
+    print(
+        f"defaults: {usable_cores()} usable cores; plain loop at torch's own {TORCH_DEFAULT_THREADS} "
+        f"threads, `pretrain train` (one process) at its own; OMP_NUM_THREADS "
+        + (f"was {inherited!r}, removed for both" if inherited else "unset"),
+        flush=True,
+    )
+    torch.set_num_threads(TORCH_DEFAULT_THREADS)
+    plain_intervals: list[float] = []
+    ours_intervals: list[float] = []
+    before = plain_loop(config, model_config, stream, steps, warmup=log_every, intervals=plain_intervals)
+    print(f"plain loop, torch's default threads (before): {before:,.0f} tokens/s", flush=True)
+    # The equal-threads setting must not reach the launcher: its default is what is measured.
+    launched = config.model_copy(update={"train": config.train.model_copy(update={"threads_per_rank": None})})
+    ours, threads = pretrain_train_defaults(launched, root, log_every, ours_intervals)
+    print(f"pretrain train, its defaults ({threads} threads): {ours:,.0f} tokens/s", flush=True)
+    after = plain_loop(config, model_config, stream, steps, warmup=log_every, intervals=plain_intervals)
+    print(f"plain loop, torch's default threads (after):  {after:,.0f} tokens/s", flush=True)
+    plain = (before + after) / 2
+    return {
+        "default_tokens_per_s_ratio_vs_plain_loop": round(ours / plain, 4),
+        "default_trainer_tokens_per_s": round(ours, 1),
+        "default_plain_loop_tokens_per_s": round(plain, 1),
+        "default_plain_loop_before_after": [round(before, 1), round(after, 1)],
+        # Each side's fastest 10-step interval: what it does while a neighbour leaves both cores free.
+        "default_best_interval_ratio_vs_plain_loop": round(max(ours_intervals) / max(plain_intervals), 4),
+        "default_best_interval_tokens_per_s": [round(max(ours_intervals), 1), round(max(plain_intervals), 1)],
+        "default_trainer_threads": threads,
+        "default_plain_loop_threads": TORCH_DEFAULT_THREADS,
+        "inherited_omp_num_threads": inherited,
+        "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         "--default-malloc",
         action="store_true",
         help="leave glibc malloc's thresholds alone on both sides (train.keep_host_memory=false)",
+    )
+    parser.add_argument(
+        "--no-defaults",
+        action="store_true",
+        help="skip `pretrain train` with its default threads against the plain loop with torch's default",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON object here")
     args = parser.parse_args(argv)
@@ -188,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 "tracking.sample_tokens=0",
                 "logging.console=false",
                 f"train.keep_host_memory={str(not args.default_malloc).lower()}",
+                # The side-by-side at equal threads: the in-process trainer keeps --threads too.
+                f"train.threads_per_rank={args.threads}",
             ],
             environ={},
         )
@@ -210,9 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"our trainer:         {ours:,.0f} tokens/s", flush=True)
         after = plain_loop(config, model_config, stream, steps, warmup=log_every)
         print(f"plain loop (after):  {after:,.0f} tokens/s", flush=True)
+        defaults = {}
+        if not args.no_defaults:
+            write_shards(
+                config, tokens=(steps + log_every) * batch * (seq + 1) + 200_000, snapshot=DEFAULTS_SNAPSHOT
+            )
+            defaults = side_by_side_defaults(config, model_config, stream, steps, root, log_every)
+            torch.set_num_threads(threads)
     plain = (before + after) / 2
     result = {
         "tokens_per_s_ratio_vs_plain_loop": round(ours / plain, 4),
+        "default_tokens_per_s_ratio_vs_plain_loop": defaults.pop(
+            "default_tokens_per_s_ratio_vs_plain_loop", None
+        ),
         "trainer_tokens_per_s": round(ours, 1),
         "plain_loop_tokens_per_s": round(plain, 1),
         "plain_loop_before_after": [round(before, 1), round(after, 1)],
@@ -223,10 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         "timed_steps": steps,
         "torch_threads": threads,
         "cpus": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "document_masking": args.document_masking,
         "host_memory_kept": host_memory_kept,
         "final_loss": extra["final_loss"],
     }
+    result.update(defaults)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

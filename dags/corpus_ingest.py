@@ -7,17 +7,14 @@ Which stages run after the crawl, and in which order, comes from the stage regis
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pendulum
 from airflow.sdk import dag, get_current_context, task
 
 from operators import CrawlOperator
-from operators.assets import TOKEN_SHARDS, token_shards_extra
+from operators.assets import TOKEN_SHARDS, announce_token_shards
 from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
-from operators.tasks import corpus_stages, crawl_shard_ids, stage_tasks
+from operators.tasks import corpus_stages, crawl_shard_ids, report_outputs, stage_tasks
 from pipeline.config import load_config
-from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.stages import training_input
 
 
@@ -46,20 +43,20 @@ def corpus_ingest():
     stages = stage_tasks(corpus_stages(reports=True), after=crawl)
 
     @task(outlets=[TOKEN_SHARDS])
-    def publish_token_shards(path: str, params=None, ds=None, outlet_events=None) -> str:
-        """Announce the snapshot's token shards: this event schedules `pretrain`."""
-        snapshot = run_snapshot(params, ds)
-        manifest = Manifest.read(Path(path) / MANIFEST_NAME)
-        outlet_events[TOKEN_SHARDS].extra = token_shards_extra(
+    def publish_token_shards(
+        path: str, report_paths: list[str], params=None, ds=None, outlet_events=None
+    ) -> str:
+        """Announce the snapshot's token shards (this event schedules `pretrain`), unless its quality
+        report failed the gate in mode fail: then this task is skipped, naming the thresholds missed."""
+        return announce_token_shards(
+            outlet_events,
             path=path,
-            snapshot=snapshot,
-            digest=manifest.digest,
-            config_path=params["config_path"],
-            overrides=params["overrides"] or [],
+            snapshot=run_snapshot(params, ds),
+            params=params,
+            report_paths=report_paths,
         )
-        return path
 
-    publish_token_shards(stages[training_input().name].output)
+    publish_token_shards(stages[training_input().name].output, report_outputs(stages))
 
 
 corpus_ingest()

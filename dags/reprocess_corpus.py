@@ -1,8 +1,10 @@
-"""Backfills: re-run the stages after the crawl for past snapshots with the current code and config.
+"""Backfills: re-run the stages after a snapshot's source for past snapshots with the current code and config.
 
-Never re-crawls: each run reads the WARC that its date's crawl stored, and fails at once, naming the
-path, when there is none. Each stage replaces its snapshot's output atomically, so re-running a date with
-unchanged code and config rewrites identical bytes and a half-finished run is never visible.
+A snapshot's source is its crawl or its ingest. Never re-crawls: a crawled snapshot is reprocessed from the
+WARC its crawl stored. An ingested snapshot is ingested again from the files its manifest names (checked
+against their sizes and checksums), then reprocessed. A run fails at once, naming the paths, when the snapshot
+has neither. Each stage replaces its snapshot's output atomically, so re-running a date with unchanged code
+and config rewrites identical bytes and a half-finished run is never visible.
 
 Run it with `airflow backfill create --dag-id reprocess_corpus --from-date 2026-03-01 --to-date 2026-03-07`
 or the UI's backfill form. It has a daily schedule only so that backfills can address dates (Airflow needs
@@ -17,9 +19,13 @@ from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
-from operators.tasks import corpus_stages, stage_tasks
+from operators.tasks import corpus_stages, source_readers, stage_task, stage_tasks
 from pipeline.config import load_config
 from pipeline.core.storage import DatasetRef
+from pipeline.stages import CORPUS_SOURCES, stage
+
+STAGES = corpus_stages(reports=False)  # backfills re-make the data; the reports on it are corpus_ingest's
+INGEST = stage("ingest")
 
 
 @dag(
@@ -35,24 +41,40 @@ from pipeline.core.storage import DatasetRef
     params=run_params("clean.min_chars=300"),
 )
 def reprocess_corpus():
-    @task(retries=0)
-    def stored_crawl(params=None, dag_run=None, ds=None) -> str:
-        """The stored crawl this run reprocesses; skips scheduled runs, fails when there is no crawl."""
+    @task.branch(retries=0)
+    def stored_source(params=None, dag_run=None, ds=None, ti=None) -> list[str]:
+        """The snapshot's stored source (XCom key ``source``): a crawl goes straight to clean, an ingest is
+        re-read first. Skips scheduled runs; fails when the snapshot has no source, or two."""
         check_run_conf(get_current_context())
         snapshot = run_snapshot(params, ds)
         if dag_run.run_type == "scheduled":
             raise AirflowSkipException("reprocess_corpus acts on backfills and manual runs only")
         config = load_config(params["config_path"] or None, params["overrides"] or [])
-        crawl = DatasetRef.of(config, "crawl", snapshot)
-        if not crawl.is_complete():
+        refs = [DatasetRef.of(config, name, snapshot) for name in CORPUS_SOURCES]
+        stored = [ref for ref in refs if ref.is_complete()]
+        if not stored:
             raise AirflowFailException(
-                f"no stored crawl for snapshot {snapshot!r} at {crawl.path}; reprocess_corpus never "
-                "re-crawls, so run corpus_ingest for that date first"
+                f"no stored crawl or ingest for snapshot {snapshot!r} at {refs[0].path} or {refs[1].path}; "
+                "reprocess_corpus never re-crawls, so run corpus_ingest or corpus_from_files for it first"
             )
-        return str(crawl.path)
+        if len(stored) > 1:
+            raise AirflowFailException(
+                f"snapshot {snapshot!r} has both a crawl and an ingest ({refs[0].path}, {refs[1].path}); "
+                "reprocess it by hand: `pretrain clean --input-stage crawl|ingest`, then the later stages"
+            )
+        ti.xcom_push(key="source", value=stored[0].stage)
+        first = source_readers(STAGES)
+        return [INGEST.name, *first] if stored[0].stage == INGEST.name else first
 
-    # Backfills re-make the data; the reports on it are corpus_ingest's.
-    stage_tasks(corpus_stages(reports=False), after=stored_crawl())
+    source = stored_source()
+    ingest = stage_task(INGEST)  # no ingest.sources: re-reads the files the stored manifest names
+    source >> ingest
+    stage_tasks(
+        STAGES,
+        after=[source, ingest],
+        source="{{ ti.xcom_pull(task_ids='stored_source', key='source') }}",
+        source_readers_args={"trigger_rule": "none_failed_min_one_success"},  # ingest is skipped for a crawl
+    )
 
 
 reprocess_corpus()

@@ -36,3 +36,41 @@ def latest_token_shards_extra(triggering_asset_events: Mapping | None) -> dict[s
         return {}
     latest = max(events, key=lambda event: event.timestamp)
     return dict(latest.extra or {})
+
+
+def announce_token_shards(
+    outlet_events,
+    *,
+    path: str,
+    snapshot: str,
+    params: Mapping[str, Any],
+    report_paths: Sequence[str] = (),
+) -> str:
+    """Set the TOKEN_SHARDS event of a publishing task: this event schedules `pretrain` on ``snapshot``.
+
+    Unless a report on the snapshot (``report_paths``, the quality stage's output) failed its gate in mode
+    "fail": then the task is skipped with the gate's reasons, and a skipped task emits no event, so no
+    training starts on the snapshot.
+    """
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from pipeline.core.manifest import MANIFEST_NAME, Manifest
+    from pipeline.quality.gate import blocks_training
+
+    for report in report_paths:
+        verdict = Manifest.read(f"{report}/{MANIFEST_NAME}").extra.get("gate")
+        if blocks_training(verdict):
+            raise AirflowSkipException(
+                f"quality gate failed for snapshot {snapshot!r} ({report}/report.html): "
+                + "; ".join(verdict["failures"])
+                + ". Its token shards are not announced, so pretrain does not train on it"
+            )
+    manifest = Manifest.read(f"{path}/{MANIFEST_NAME}")
+    outlet_events[TOKEN_SHARDS].extra = token_shards_extra(
+        path=path,
+        snapshot=snapshot,
+        digest=manifest.digest,
+        config_path=params["config_path"],
+        overrides=params["overrides"] or [],
+    )
+    return path

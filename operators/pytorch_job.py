@@ -92,7 +92,7 @@ class PyTorchJobOperator(PipelineOperator):
     # --- local ----------------------------------------------------------------------------------------
 
     def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
-        """What `pretrain train` does: the same run (new, resumed or named), lock and torchrun command."""
+        """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
         manifest = train(
             config,
             tokens,

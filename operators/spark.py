@@ -63,7 +63,12 @@ class LocalDefaultSparkSubmitHook(SparkSubmitHook):
 class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
     """Submit one Spark stage for one snapshot and return its output path (XCom: a path, never data)."""
 
-    template_fields: Sequence[str] = (*PipelineOperator.template_fields, *SparkSubmitOperator.template_fields)
+    # input_stage: a backfill names the stored source of its snapshot (crawl or ingest) at run time.
+    template_fields: Sequence[str] = (
+        *PipelineOperator.template_fields,
+        *SparkSubmitOperator.template_fields,
+        "input_stage",
+    )
 
     def __init__(
         self,

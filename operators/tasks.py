@@ -1,14 +1,14 @@
 """The registered stages as Airflow tasks: which operator runs each, and which tasks wait for which.
 
-The DAGs say which part of the pipeline they run (the corpus stages after a crawl, the training stages,
-or both); the registry (``pipeline.stages``) says which stages those are, what each reads and how it runs.
-So a stage added to the registry joins `corpus_ingest`, `reprocess_corpus`, `pretrain` and the demo
-`pretrain_pipeline` with no change here or in a DAG file.
+The DAGs say which part of the pipeline they run (the corpus stages after a crawl or an ingest, the
+training stages, or both); the registry (``pipeline.stages``) says which stages those are, what each reads
+and how it runs. So a stage added to the registry joins `corpus_ingest`, `corpus_from_files`,
+`reprocess_corpus`, `pretrain` and the demo `pretrain_pipeline` with no change here or in a DAG file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -17,7 +17,7 @@ from operators.pytorch_job import PyTorchJobOperator
 from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
 from pipeline.config import PipelineConfig
-from pipeline.stages import Stage, downstream, group
+from pipeline.stages import CORPUS_SOURCES, STAGES, Stage, downstream, group
 
 
 def crawl_shard_ids(config: PipelineConfig) -> list[int]:
@@ -28,43 +28,86 @@ def crawl_shard_ids(config: PipelineConfig) -> list[int]:
 
 
 def corpus_stages(*, reports: bool) -> list[Stage]:
-    """The corpus stages after the crawl, in order; ``reports=False`` keeps only those that make data."""
-    return downstream("crawl", group("corpus", reports=reports))
+    """The corpus stages after the crawl (or an ingest, which stands in for it), in order; ``reports=False``
+    keeps only those that make data."""
+    return downstream(CORPUS_SOURCES[0], group("corpus", reports=reports))
+
+
+def source_readers(stages: Iterable[Stage]) -> list[str]:
+    """The stages that read the corpus's source (a crawl or an ingest): the first ones after it."""
+    return [entry.name for entry in stages if CORPUS_SOURCES[0] in entry.reads]
 
 
 def training_stages() -> list[Stage]:
     return group("training")
 
 
-def stage_task(stage: Stage, **kwargs: Any) -> BaseOperator:
-    """The task that runs one stage, by how the registry says it runs; its task id is the stage's name."""
+def stage_task(stage: Stage, *, input_stage: str | None = None, **kwargs: Any) -> BaseOperator:
+    """The task that runs one stage, by how the registry says it runs; its task id is the stage's name.
+
+    ``input_stage`` replaces the stage's default input (a Jinja template is rendered at run time).
+    """
+    input_stage = input_stage or stage.default_input
     if stage.runner == "spark":
-        return PipelineSparkSubmitOperator(stage=stage.name, input_stage=stage.default_input, **kwargs)
+        return PipelineSparkSubmitOperator(stage=stage.name, input_stage=input_stage, **kwargs)
     if stage.runner == "torchrun":
-        return PyTorchJobOperator(task_id=stage.name, input_stage=stage.default_input, **kwargs)
+        return PyTorchJobOperator(task_id=stage.name, input_stage=input_stage, **kwargs)
     return PipelineStageOperator(stage=stage.name, **kwargs)
 
 
 def stage_tasks(
     stages: Iterable[Stage],
     *,
-    after: BaseOperator | None = None,
+    after: BaseOperator | Sequence[BaseOperator] | None = None,
+    source: str = CORPUS_SOURCES[0],
+    source_readers_args: Mapping[str, Any] | None = None,
     torchrun: Mapping[str, Any] | None = None,
     **common: Any,
 ) -> dict[str, BaseOperator]:
     """Create one task per stage in the DAG being defined; returns them by stage name, in pipeline order.
 
     Each task waits for the tasks of the stages it reads; one whose inputs come from outside ``stages``
-    waits for ``after`` instead. ``common`` goes to every task, ``torchrun`` only to training tasks.
+    waits for ``after`` instead. The stages that read the crawl read ``source`` (one of CORPUS_SOURCES, or a
+    template naming one) and get ``source_readers_args``. ``common`` goes to every task, ``torchrun`` only
+    to training tasks.
     """
+    stages = list(stages)
+    readers = set(source_readers(stages))
+    if after is None:
+        after = []
+    elif isinstance(after, BaseOperator):
+        after = [after]
     tasks: dict[str, BaseOperator] = {}
     for entry in stages:
         extra = dict(torchrun or {}) if entry.runner == "torchrun" else {}
+        if entry.name in readers:
+            extra.update(source_readers_args or {})
+            if source != CORPUS_SOURCES[0]:
+                extra["input_stage"] = source
         task = stage_task(entry, **common, **extra)
         upstream = [tasks[name] for name in entry.reads if name in tasks]
-        if not upstream and after is not None:
-            upstream = [after]
+        if not upstream:
+            upstream = list(after)
         for previous in upstream:
             previous >> task
         tasks[entry.name] = task
     return tasks
+
+
+def ingest_overrides(params: Mapping[str, Any]) -> list[str]:
+    """A corpus_from_files run's overrides: its ``overrides`` plus ``sources`` as ingest.sources, validated."""
+    import json
+
+    from pipeline.config import load_config
+
+    overrides = list(params.get("overrides") or [])
+    if params.get("sources"):
+        overrides.append(f"ingest.sources={json.dumps([str(source) for source in params['sources']])}")
+    load_config(params.get("config_path") or None, overrides)  # a bad value fails here, naming the key
+    return overrides
+
+
+def report_outputs(tasks: Mapping[str, BaseOperator]) -> list:
+    """The output paths (XCom) of the report tasks among ``tasks``: what a snapshot's announcement waits
+    for, since a report's quality gate may hold the snapshot back from training."""
+    return [tasks[entry.name].output for entry in STAGES if entry.report and entry.name in tasks]

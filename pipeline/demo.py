@@ -18,7 +18,7 @@ from pipeline.config import load_config
 from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
-from pipeline.stages import STAGES
+from pipeline.stages import downstream
 
 DAG_ID = "pretrain_pipeline"
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     # The tasks resolve the config again; pin the data root so they write where this process looks.
     overrides = [f"project.data_root={config.project.data_root}", *args.overrides]
     conf = {"snapshot": args.snapshot, "config_path": args.config, "overrides": overrides}
-    stages = " -> ".join(stage.name for stage in STAGES if not stage.report)
+    stages = " -> ".join(["crawl", *(stage.name for stage in downstream("crawl") if not stage.report)])
     print(f"==> running DAG {DAG_ID} ({stages}) into {config.project.data_root}", flush=True)
     run_streaming(
         [airflow, "dags", "test", DAG_ID, "--conf", json.dumps(conf)],

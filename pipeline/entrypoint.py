@@ -98,18 +98,26 @@ def stage_main(
     description: str,
     run: Callable,
     component: str | None = None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    as_overrides: Callable[[argparse.Namespace], list[str]] | None = None,
     name_run: Callable[[PipelineConfig, str, list[DatasetRef]], str | None] = input_run,
 ) -> int:
     """The shared body of every `python -m pipeline.<package>` entrypoint.
 
     Parses --config/--set/--snapshot (and --input-stage, defaulting to the stage the registry says it
     reads), sets up logging, calls ``run(config, inputs, output)`` inside an MLflow stage run
-    (``pipeline.tracking.mlflow_runs``) and prints the published output folder. A stage that keeps one
-    output per run writes the run ``name_run(config, snapshot, inputs)`` says, which the config then names.
+    (``pipeline.tracking.mlflow_runs``) and prints the published output folder. A stage's own options
+    (``add_arguments``) are shorthands for config keys (``as_overrides``), under any explicit ``--set``.
+    A stage that keeps one output per run writes the run ``name_run(config, snapshot, inputs)`` says,
+    which the config then names.
     """
     parser = stage_parser(f"pretrain {stage}", description)
     add_input_stage_argument(parser, stage)
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
+    if as_overrides is not None:
+        args.overrides = [*as_overrides(args), *args.overrides]
     config, snapshot = resolve(args)
     announce_data_root(config, stage, snapshot)
     reads = registered_stage(stage).reads

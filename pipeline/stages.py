@@ -19,6 +19,7 @@ from pipeline.core.config import Section
 from pipeline.crawl.config import CrawlConfig
 from pipeline.data.config import DataConfig
 from pipeline.dedup.config import DedupConfig
+from pipeline.ingest.config import IngestConfig
 from pipeline.model.section import ModelSection
 from pipeline.quality.config import QualityConfig
 from pipeline.tokenization.config import TokenizeConfig, TokenizerConfig
@@ -37,7 +38,9 @@ class Stage:
     package: str  # `python -m <package>` runs it; spark-submit runs <package>/__main__.py
     reads: tuple[str, ...]  # stages whose outputs (same snapshot) it reads, the first one by default
     runner: Runner  # python: a process of its own; spark: a Spark application; torchrun: distributed training
-    group: Group  # corpus: made from a crawl by corpus_ingest; training: made from token shards by pretrain
+    group: (
+        Group  # corpus: made from a crawl (corpus_ingest) or files (corpus_from_files); training: by pretrain
+    )
     help: str
     sections: Mapping[str, type[Section]] = field(default_factory=dict)  # config sections it owns
     report: bool = False  # read by people, not by a later stage: backfills and the demo leave it out
@@ -70,6 +73,15 @@ STAGES: tuple[Stage, ...] = (
         group="corpus",
         help="crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
         sections={"crawl": CrawlConfig},
+    ),
+    Stage(
+        name="ingest",
+        package="pipeline.ingest",
+        reads=(),
+        runner="spark",
+        group="corpus",
+        help="Spark: existing corpora (WARC/WET, JSONL, Parquet) into clean's input; then clean --input-stage ingest",
+        sections={"ingest": IngestConfig},
     ),
     Stage(
         name="clean",
@@ -134,6 +146,11 @@ STAGES: tuple[Stage, ...] = (
         sections={"tracking": TrackingConfig},
     ),
 )
+
+
+# The stages a corpus starts from. Each writes the clean stage's input, so a stage that reads "crawl" can
+# read "ingest" instead (`--input-stage ingest`; the corpus_from_files DAG wires it so).
+CORPUS_SOURCES = ("crawl", "ingest")
 
 
 def _checked(stages: tuple[Stage, ...]) -> dict[str, Stage]:

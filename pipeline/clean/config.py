@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -50,12 +50,12 @@ class GopherQualityConfig(Section):
 class C4Config(Section):
     """C4 line and document rules (Raffel et al. 2020); datatrove's C4QualityFilter.
 
-    FineWeb's own run set filter_no_terminal_punct=false; the C4 paper's default is kept here.
+    filter_no_terminal_punct defaults to FineWeb's run (false); the C4 paper's true is the fineweb_strict recipe.
     """
 
     enabled: bool = True
     remove_citations: bool = True
-    filter_no_terminal_punct: bool = True
+    filter_no_terminal_punct: bool = False
     end_punctuation: list[str] = Field([".", "?", "!", '"', "'"], min_length=1)
     min_num_sentences: int | None = Field(5, ge=0)
     min_words_per_line: int | None = Field(3, ge=0)
@@ -99,11 +99,33 @@ def _chinese_overrides() -> dict[str, dict[str, Any]]:
     }
 
 
+# Named recipes: section values they set, under anything the config gives explicitly.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    # FineWeb exactly as its run was made: datatrove's examples/fineweb.py (see docs/clean.md).
+    "fineweb": {},
+    # The same plus C4's rule that drops every line without terminal punctuation (the C4 paper's default,
+    # and this project's default until 2026-12): keeps fewer, more prose-like lines.
+    "fineweb_strict": {"c4": {"filter_no_terminal_punct": True}},
+}
+
+
 class CleanConfig(Section):
+    recipe: Literal["fineweb", "fineweb_strict"] = Field(
+        "fineweb", description="named filter settings (RECIPES); explicit clean.* keys override them"
+    )
     min_chars: int = Field(100, ge=0, description="shorter (normalised) texts are dropped before the filters")
     max_chars: int = Field(1_000_000, gt=0, description="longer raw texts are quarantined before any work")
     languages: list[str] = Field(["en"], min_length=1, description="language codes kept (py3langid labels)")
-    min_language_score: float = Field(0.65, ge=0, le=1)
+    min_language_score: float = Field(0.65, ge=0, le=1, description="FineWeb's threshold, for every language")
+    language_min_scores: dict[str, float] = Field(
+        default_factory=dict,
+        description="per language, a threshold that replaces min_language_score: {zh: 0.5}",
+    )
+    language_groups: dict[str, list[str]] = Field(
+        default_factory=lambda: {"zh": ["zh", "wuu", "yue"]},
+        description="labels identified as one language, their probabilities summed: classical Chinese is "
+        "often labelled wuu or yue with its probability split between them and zh; {} keeps them apart",
+    )
     langid_max_chars: int = Field(10_000, gt=0, description="language id reads this many leading characters")
     gopher_repetition: GopherRepetitionConfig = Field(default_factory=GopherRepetitionConfig)
     gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig)
@@ -114,6 +136,17 @@ class CleanConfig(Section):
         description="per language, filter fields that replace the defaults above: {zh: {c4: {...}}}",
     )
     pii: PiiConfig = Field(default_factory=PiiConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_recipe(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for section, fields in RECIPES.get(data.get("recipe", "fineweb"), {}).items():
+            given = data.get(section, {})
+            if isinstance(given, dict):
+                data = {**data, section: {**fields, **given}}
+        return data
 
     @field_validator("language_overrides", mode="before")
     @classmethod
@@ -143,9 +176,19 @@ class CleanConfig(Section):
         unknown = sorted(set(self.languages) - LANGID_LABELS)
         if unknown:
             raise ValueError(f"languages {unknown} are not py3langid labels; known: {sorted(LANGID_LABELS)}")
+        for name, members in self.language_groups.items():
+            bad = sorted({name, *members} - LANGID_LABELS)
+            if bad:
+                raise ValueError(f"language_groups.{name}: {bad} are not py3langid labels")
+        for lang, score in self.language_min_scores.items():
+            if not 0 <= score <= 1:
+                raise ValueError(f"language_min_scores.{lang} must lie in [0, 1], got {score}")
         for lang in self.language_overrides:
             self.for_language(lang)  # fails here, naming the language, if an override is invalid
         return self
+
+    def min_score_for(self, lang: str | None) -> float:
+        return self.language_min_scores.get(lang or "", self.min_language_score)
 
     def for_language(self, lang: str | None) -> CleanConfig:
         """This config with ``language_overrides[lang]`` applied to the filter sections."""

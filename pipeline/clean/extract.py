@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline.clean.normalize import strip_terminal_escapes
+
 EXTRACTED_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -169,10 +171,28 @@ def extract_main_text(html: str, url: str | None = None) -> str | None:
     )
 
 
-def extract_batches(batches: Iterator[pa.RecordBatch], crawl_root: str) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: fetch-index rows in, one extracted document (or a drop reason) per row out."""
+@dataclass(frozen=True)
+class ExtractedPage:
+    text: str | None
+    reason: str | None  # why there is no text (binary_content, no_main_text), else None
+    charset: str | None
+    fix: str | None
+
+
+def extract_page(payload: bytes, content_type: str | None, url: str | None) -> ExtractedPage:
+    """One HTTP response body to its main text: the crawl's pages and ingested WARC records alike."""
     from pipeline.crawl.content import looks_binary
 
+    if looks_binary(payload):
+        return ExtractedPage(None, "binary_content", None, None)
+    decoded = decode_html_detailed(payload, content_type)
+    # Before parsing: the parser drops the ESC control and would leave "[32m" behind.
+    text = extract_main_text(strip_terminal_escapes(decoded.text), url)
+    return ExtractedPage(text, None if text else "no_main_text", decoded.charset, decoded.fix)
+
+
+def extract_batches(batches: Iterator[pa.RecordBatch], crawl_root: str) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: fetch-index rows in, one extracted document (or a drop reason) per row out."""
     root = Path(crawl_root)
     for batch in batches:
         out = {name: [] for name in EXTRACTED_SCHEMA.names}
@@ -182,14 +202,8 @@ def extract_batches(batches: Iterator[pa.RecordBatch], crawl_root: str) -> Itera
                 if row["warc_file"] is None:
                     raise FileNotFoundError("the crawl stored no response for this row")
                 payload = read_warc_payload(root / row["warc_file"], row["warc_offset"])
-                if looks_binary(payload):
-                    reason = "binary_content"
-                else:
-                    decoded = decode_html_detailed(payload, row["content_type"])
-                    charset, fix = decoded.charset, decoded.fix
-                    text = extract_main_text(decoded.text, row["url"])
-                    if not text:
-                        reason = "no_main_text"
+                page = extract_page(payload, row["content_type"], row["url"])
+                text, reason, charset, fix = page.text, page.reason, page.charset, page.fix
             except Exception as exc:  # one bad record must not fail the partition
                 reason = f"extract_error:{type(exc).__name__}"
             out["id"].append(row["id"])

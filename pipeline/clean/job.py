@@ -1,8 +1,9 @@
-"""The clean stage as a Spark job: WARC pages in, kept and excluded documents out.
+"""The clean stage as a Spark job: WARC pages (or ingested documents) in, kept and excluded documents out.
 
 Steps (datatrove style: each one only marks what it rejects, nothing is deleted):
 
-1. extract main text from the WARC record (``extract.py``, a mapInArrow);
+1. extract main text from the WARC record (``extract.py``, a mapInArrow); an ingest's documents are
+   already extracted (``extracted_pages`` chooses by what the input holds);
 2. quarantine texts over ``max_chars`` before any Python work (Spark SQL);
 3. one mapInArrow pass per batch: repair and normalise the text, identify its language and compute every
    quality signal of the FineWeb recipe (Gopher repetition, Gopher quality, C4, FineWeb) for documents
@@ -35,7 +36,7 @@ from pipeline.core.spark import spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 STAGE = "clean"
@@ -88,11 +89,11 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
                 try:
                     text = normalize_text(text)
                     if text:
-                        lang, score = identify_language(text, config.langid_max_chars)
+                        lang, score = identify_language(text, config.langid_max_chars, config.language_groups)
                     if (
                         len(text) >= config.min_chars
                         and lang in kept_languages
-                        and score >= config.min_language_score
+                        and score >= config.min_score_for(lang)
                     ):
                         signals, c4_text = documents.compute(text, lang)
                 except Exception as exc:  # one bad document must not fail the partition
@@ -121,6 +122,9 @@ def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
 
     n_chars = F.length("text")
     languages = F.array(*[F.lit(lang) for lang in config.languages])
+    min_score = F.lit(config.min_language_score)
+    for lang, score in sorted(config.language_min_scores.items()):
+        min_score = F.when(F.col("lang") == lang, F.lit(score)).otherwise(min_score)
     decisions = [
         (
             "normalize.too_short",
@@ -142,11 +146,12 @@ def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
         ),
         (
             "language.min_score",
-            F.col("lang_score") < config.min_language_score,
+            F.col("lang_score") < min_score,
             F.concat(
                 F.lit("language.min_score: lang_score="),
                 F.col("lang_score").cast("string"),
-                F.lit(f" < {config.min_language_score}"),
+                F.lit(" < "),
+                min_score.cast("string"),
             ),
         ),
     ]
@@ -256,20 +261,32 @@ def write_outputs(decided: DataFrame, path, num_files: int) -> None:
     write_parquet(decided.where(F.col("drop_rule").isNotNull()), path / "excluded", num_files)
 
 
+def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineConfig) -> DataFrame:
+    """The input's documents in EXTRACTED_SCHEMA, by what the input holds.
+
+    A crawl (a fetch ``index/`` pointing into WARC files) is extracted here; an ingest already holds
+    ``documents/`` in EXTRACTED_SCHEMA (pipeline.ingest), which are read as they are.
+    """
+    from pyspark.sql import functions as F
+
+    if not (source.path / "index").is_dir() and (source.path / "documents").is_dir():
+        documents = spark.read.parquet(str(source.path / "documents")).select(*EXTRACTED_SCHEMA.names)
+        return documents.repartition(config.spark.shuffle_partitions, "id")
+    index = spark.read.parquet(str(source.path / "index"))
+    pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
+    # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
+    pages = pages.repartition(config.spark.shuffle_partitions, "id")
+    crawl_root = str(source.path)
+    return pages.select(
+        "id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"
+    ).mapInArrow(lambda batches: extract_batches(batches, crawl_root), spark_schema(EXTRACTED_SCHEMA))
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    (crawl,) = inputs
+    (source,) = inputs  # a crawl, or an ingest (`--input-stage ingest`)
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"clean-{output.corpus}-{output.snapshot}")
-        from pyspark.sql import functions as F
-
-        index = spark.read.parquet(str(crawl.path / "index"))
-        pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
-        # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
-        pages = pages.repartition(config.spark.shuffle_partitions, "id")
-        crawl_root = str(crawl.path)
-        extracted = pages.select(
-            "id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"
-        ).mapInArrow(lambda batches: extract_batches(batches, crawl_root), spark_schema(EXTRACTED_SCHEMA))
+        extracted = extracted_pages(spark, source, config)
         decided = clean_documents(extracted, config).cache()
         try:
             write_outputs(decided, out.path, config.spark.output_files)

@@ -11,6 +11,7 @@ order, dtypes and arithmetic), so it returns the same language and probability
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from functools import cache
 
 import numpy as np
@@ -83,7 +84,29 @@ class FastLanguageIdentifier:
         by_first = np.argsort(first)
         return ranked[starts][by_first], counts[by_first]
 
-    def classify(self, text: str) -> tuple[str, float]:
+    def classify(self, text: str, groups: Mapping[str, Sequence[str]] | None = None) -> tuple[str, float]:
+        """The most probable language and its probability; with ``groups`` ({"zh": ["zh", "wuu", "yue"]}),
+        a group's members count as one language named by its key, with their probabilities summed."""
+        scores = self.probabilities(text)
+        labels = self._id.nb_classes
+        if groups:
+            index = self._label_index()
+            for name, members in groups.items():
+                rows = [index[label] for label in members if label in index]
+                if rows:
+                    total = float(scores[rows].sum())
+                    scores[rows] = 0.0
+                    scores[index[name]] = total
+        best = int(scores.argmax())
+        return labels[best], float(scores[best])
+
+    def _label_index(self) -> dict[str, int]:
+        if not hasattr(self, "_index"):
+            self._index = {label: i for i, label in enumerate(self._id.nb_classes)}
+        return self._index
+
+    def probabilities(self, text: str) -> np.ndarray:
+        """py3langid's normalised probability of every label (its alias pairs merged)."""
         ident = self._id
         data = ident._encode(text)
         features, counts = self.features(data)
@@ -97,8 +120,7 @@ class FastLanguageIdentifier:
         for i, j in ident._alias_pairs:
             scores[i] += scores[j]
             scores[j] = 0.0
-        best = int(scores.argmax())
-        return ident.nb_classes[best], float(scores[best])
+        return scores
 
 
 @cache
@@ -106,6 +128,12 @@ def _fast_identifier() -> FastLanguageIdentifier:
     return FastLanguageIdentifier(_identifier())
 
 
-def identify_language(text: str, max_chars: int) -> tuple[str, float]:
-    """(language, probability) from the first ``max_chars`` characters; newlines read as spaces."""
-    return _fast_identifier().classify(text[:max_chars].replace("\n", " "))
+def identify_language(
+    text: str, max_chars: int, groups: Mapping[str, Sequence[str]] | None = None
+) -> tuple[str, float]:
+    """(language, probability) from the first ``max_chars`` characters; newlines read as spaces.
+
+    ``groups`` makes several labels one language (``clean.language_groups``): classical Chinese is often
+    labelled wuu or yue, with its probability split between them and zh.
+    """
+    return _fast_identifier().classify(text[:max_chars].replace("\n", " "), groups)

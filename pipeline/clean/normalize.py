@@ -12,6 +12,14 @@ _INVISIBLE = re.compile(
     r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f"
     r"\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
 )
+# Terminal control sequences (ECMA-48), whole: CSI such as colours (ESC [ 32 m, and its one-byte form
+# U+009B), OSC such as window titles (ESC ] ... BEL or ESC \), and two-character escapes. Removing only the
+# ESC control character (as an HTML parser does) leaves "[32m" in the text.
+TERMINAL_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|\x1b[@-Z\\-_]"
+)
 # What ftfy's repairs act on besides mojibake: C1 controls, terminal escapes, surrogates.
 _FTFY_TRIGGER = re.compile(r"[\x80-\x9f\x1b\ud800-\udfff]")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
@@ -69,6 +77,13 @@ def _may_be_mojibake(text: str) -> bool:
     return bool(spans) and is_bad("\x00".join(text[start:end] for start, end in spans))
 
 
+def strip_terminal_escapes(text: str) -> str:
+    """``text`` without terminal control sequences; a no-op (one search) for text that has none."""
+    if "\x1b" not in text and "\x9b" not in text:
+        return text
+    return TERMINAL_ESCAPE.sub("", text)
+
+
 def normalize_text(text: str) -> str:
     """Punctuation and symbols are kept: stripping them (the naive [^\\w\\s]) destroys sentences.
 
@@ -85,8 +100,9 @@ def normalize_text(text: str) -> str:
 
 
 def _normalize_once(text: str) -> str:
-    # Plain ASCII cannot hold mojibake; ftfy would only strip terminal escapes from it.
-    if not text.isascii() or "\x1b" in text:
+    text = strip_terminal_escapes(text)
+    # Plain ASCII cannot hold mojibake.
+    if not text.isascii():
         text = repair_mojibake(text)
     text = unicodedata.normalize("NFKC", text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")

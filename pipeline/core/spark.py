@@ -61,10 +61,13 @@ def spark_schema(arrow_schema):
     return from_arrow_schema(arrow_schema)
 
 
-def write_parquet(df: DataFrame, path: Path, num_files: int, key: str = "id") -> int:
+def write_parquet(
+    df: DataFrame, path: Path, num_files: int, key: str = "id", tiebreak: tuple[str, ...] = ()
+) -> int:
     """Write df so the bytes depend only on its rows, not on partitioning or on which JVM ran it.
 
-    Rows go to ``num_files`` files by a hash of ``key`` and are sorted by ``key`` inside each file.
+    Rows go to ``num_files`` files by a hash of ``key`` and are sorted by ``key`` inside each file, then by
+    ``tiebreak`` (columns that order rows sharing a key, where the key need not be unique).
     Each Spark task writes its file with pyarrow: Spark's own Parquet writer records column encodings
     in JVM hash-set order, which changes between JVM runs. Returns the number of rows written.
     """
@@ -101,7 +104,7 @@ def write_parquet(df: DataFrame, path: Path, num_files: int, key: str = "id") ->
 
     written = int(
         df.repartition(num_files, key)
-        .sortWithinPartitions(key)
+        .sortWithinPartitions(key, *tiebreak)
         .mapInArrow(write_partition, "rows long")
         .groupBy()
         .sum("rows")

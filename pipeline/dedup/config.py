@@ -10,7 +10,10 @@ from pipeline.core.config import Section
 class DedupConfig(Section):
     """Exact, near-duplicate (MinHash LSH) and URL de-duplication; see docs/dedup.md."""
 
-    url_dedup: bool = Field(True, description="keep only the newest fetch of each canonical URL")
+    url_dedup: bool = Field(
+        True,
+        description="keep only the newest fetch of each page (pipeline.dedup.urls.page_key: host without www., path, sorted query)",
+    )
     exact: bool = Field(True, description="drop documents whose normalised text equals a smaller id's")
     near: bool = Field(True, description="drop near-duplicates found by MinHash LSH")
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard similarity of shingle sets")

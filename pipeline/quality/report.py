@@ -35,6 +35,8 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.quality import gate
+from pipeline.quality.funnel import as_rows, funnel, plot_waterfall
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -199,14 +201,29 @@ def _plot_report(
     return written
 
 
+def _gate_html(verdict: dict | None) -> str:
+    if not verdict or verdict["mode"] == "ignore":
+        return ""
+    if verdict["passed"]:
+        return "<p><b>Quality gate: passed.</b></p>"
+    items = "".join(f"<li>{html.escape(failure)}</li>" for failure in verdict["failures"])
+    effect = "not announced for training" if verdict["mode"] == "fail" else "announced anyway (mode warn)"
+    return f"<h2>Quality gate: failed, {effect}</h2><ul>{items}</ul>"
+
+
 def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], images: list[Path]) -> None:
     rows = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
         for k, v in metrics.items()
+        if k not in ("funnel", "gate")
     )
     domain_rows = "".join(
         f"<tr><td>{html.escape(row['domain'] or '')}</td><td>{row['documents']}</td><td>{row['characters']}</td></tr>"
         for row in domains[:50]
+    )
+    funnel_rows = "".join(
+        f"<tr><td>{html.escape(step['stage'])}</td><td>{html.escape(step['reason'])}</td><td>{step['documents']}</td></tr>"
+        for step in metrics.get("funnel", [])
     )
     figures = "".join(
         f'<img alt="{image.stem}" src="data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}">'
@@ -216,6 +233,7 @@ def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], i
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Data quality: {html.escape(snapshot)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td{padding:2px 12px}img{max-width:48%;margin:4px}</style>"
         f"</head><body><h1>Data quality report: {html.escape(snapshot)}</h1>"
+        f"{_gate_html(metrics.get('gate'))}<h2>Drop funnel</h2><table><tr><th>stage</th><th>step</th><th>documents</th></tr>{funnel_rows}</table>"
         f"<h2>Metrics</h2><table>{rows}</table><h2>Plots</h2>{figures}"
         f"<h2>Top domains</h2><table><tr><th>domain</th><th>documents</th><th>characters</th></tr>{domain_rows}</table>"
         "</body></html>\n"
@@ -352,9 +370,21 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             **cosine_statistics(embeddings),
             **cluster_entropy(embeddings, quality.clusters, config.project.seed),
         }
+        steps = funnel(documents_ref.manifest())
+        metrics["funnel"] = as_rows(steps)
+        verdict = gate.evaluate(quality.gate, metrics, steps)
+        metrics["gate"] = verdict
+        if not verdict["passed"]:
+            log.warning(
+                "quality gate (%s): %s%s",
+                verdict["mode"],
+                "; ".join(verdict["failures"]),
+                ": this snapshot's token shards will not be announced" if verdict["mode"] == "fail" else "",
+            )
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         write_tables(out.path, covered.domains, ids, emb_domains, embeddings)
         images = _plot_report(out.path / "plots", covered.domains, lengths, embeddings, emb_domains)
+        images.append(plot_waterfall(steps, out.path / "plots" / "funnel.png"))
         _write_html(out.path / "report.html", output.snapshot, metrics, covered.domains, images)
         log.info(
             "quality: %d documents, %d domains, mean pairwise cosine %s",
@@ -363,5 +393,6 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             metrics["mean_pairwise_cosine"],
         )
         return out.commit(
-            rows={"documents": metrics["documents"], "sampled": len(ids)}, extra={"metrics": metrics}
+            rows={"documents": metrics["documents"], "sampled": len(ids)},
+            extra={"metrics": metrics, "gate": verdict},
         )

@@ -86,6 +86,13 @@ class TrainConfig(Section):
     max_restarts: int = Field(
         3, ge=0, description="torchrun restarts the worker group this often after a failure"
     )
+    threads_per_rank: int | None = Field(
+        None,
+        gt=0,
+        le=1024,
+        description="torch intra-op threads (and OMP_NUM_THREADS) of each rank; default: OMP_NUM_THREADS "
+        "when set, else the process's usable cores (CPU affinity) / nproc_per_node, at least 1",
+    )
 
     @field_validator("run_id")
     @classmethod

@@ -23,9 +23,11 @@ from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
 from pipeline.core.storage import DatasetRef
+from pipeline.train.config import TrainConfig
 from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
 from pipeline.train.faults import ENV_LAUNCHER_PID
 from pipeline.train.runs import record_run, resolve_run
+from pipeline.train.threads import OMP_NUM_THREADS, threads_per_rank
 
 log = logging.getLogger(__name__)
 DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
@@ -75,10 +77,20 @@ def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, i
     ]
 
 
-def child_environment() -> dict[str, str]:
-    """The resolved config file already holds every override; drop the env ones so nothing applies twice."""
+def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
+    """The environment torchrun and its ranks get.
+
+    The resolved config file already holds every override; drop the env ones so nothing applies twice.
+    With ``train``, OMP_NUM_THREADS is set by ``threads_per_rank`` unless it was set already: explicitly,
+    because torchrun would otherwise set 1 for several ranks per node. Without ``train`` torchrun's default
+    stands, and each rank sizes torch's threads by the same rule from what it finds.
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if train is not None:
+        choice = threads_per_rank(train, environ=env)
+        if choice.source != "environment":
+            env[OMP_NUM_THREADS] = str(choice.threads)
+        log.info("CPU threads: %s", choice)
     # Each restart gets its own worker store (see pipeline.train.parallel._attempt_store for why).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
@@ -123,7 +135,7 @@ def train(
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
     failures = prepare_failures_folder(config, snapshot, output.run)
-    env = {**child_environment(), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
+    env = {**child_environment(config.train), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
     try:
         with OutputLock(output.path, what=output.what):
             record_run(staging, config, output.run)

@@ -61,6 +61,7 @@ from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
 from pipeline.train.runs import identity_differences, record_run, resolve_run, resume_identity, run_ref
+from pipeline.train.threads import set_rank_threads
 
 if TYPE_CHECKING:
     from pipeline.core.config import TrainConfig
@@ -152,6 +153,7 @@ class Trainer(Stateful):
     def _build(self, input_stage: str) -> None:
         config, train, ctx = self.config, self.train_config, self.ctx
         self.device = ctx.device
+        self.threads = set_rank_threads(train)
         if self.device.type == "cpu" and train.keep_host_memory and keep_freed_host_memory():
             log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
         self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
@@ -452,13 +454,14 @@ class Trainer(Stateful):
             dynamic_ncols=True,
         )
         log.info(
-            "training %s (%.2fM parameters, %.2fM active) on %d rank(s), %s, %s, %s, compression %s: "
+            "training %s (%.2fM parameters, %.2fM active) on %d rank(s), %s, %s, %s, %s, compression %s: "
             "steps %d..%d",
             self.config.model.preset,
             self.model.num_parameters() / 1e6,
             self.model.num_active_parameters() / 1e6,
             ctx.world_size,
             self.device,
+            self.threads,
             train.precision,
             train.data_parallel,
             train.grad_compression,

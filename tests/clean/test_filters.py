@@ -218,23 +218,27 @@ def test_min_num_sentences(sentences, dropped):
     assert drops("c4.min_num_sentences", "\n".join(GOOD_LINES[:sentences])) is dropped
 
 
-def test_line_removals_and_citations():
-    text = "\n".join(
-        [
-            "A heading without a full stop",
-            "Too short.",
-            "Enable JavaScript to see this page properly.",
-            "This site uses cookies to improve your experience.",
-            "Read our privacy policy and terms of use.",
-            "It trails off into nothing...",
-            "A word " + "w" * 1001 + " is far too long.",
-            "A word " + "w" * 1000 + " is just short enough.",
-            "Mills shaped towns for centuries.[1] They still matter.[citation needed]",
-            *GOOD_LINES[:3],
-        ]
-    )
+LINE_REMOVAL_TEXT = "\n".join(
+    [
+        "A heading without a full stop",
+        "Too short.",
+        "Enable JavaScript to see this page properly.",
+        "This site uses cookies to improve your experience.",
+        "Read our privacy policy and terms of use.",
+        "It trails off into nothing...",
+        "A word " + "w" * 1001 + " is far too long.",
+        "A word " + "w" * 1000 + " is just short enough.",
+        "Mills shaped towns for centuries.[1] They still matter.[citation needed]",
+        *GOOD_LINES[:3],
+    ]
+)
+
+
+def test_line_removals_and_citations_of_the_strict_recipe():
+    """fineweb_strict: C4's terminal-punctuation line rule too (the C4 paper's default)."""
+    strict = load_config(overrides=["clean.recipe=fineweb_strict"], environ={}).clean
     result = c4_filter.apply(
-        text, CONFIG.c4, str.split, DOCUMENTS.tokenizers.for_language("en").sentences_and_words
+        LINE_REMOVAL_TEXT, strict.c4, str.split, DOCUMENTS.tokenizers.for_language("en").sentences_and_words
     )
     assert result.text.split("\n") == [
         "A word " + "w" * 1000 + " is just short enough.",
@@ -255,6 +259,29 @@ def test_line_removals_and_citations():
     }
 
 
+def test_the_default_recipe_is_fineweb_runs_c4_without_the_terminal_punctuation_rule():
+    """datatrove's examples/fineweb.py runs C4QualityFilter(filter_no_terminal_punct=False)."""
+    assert CONFIG.recipe == "fineweb" and CONFIG.c4.filter_no_terminal_punct is False
+    result = c4_filter.apply(
+        LINE_REMOVAL_TEXT, CONFIG.c4, str.split, DOCUMENTS.tokenizers.for_language("en").sentences_and_words
+    )
+    assert result.text.split("\n") == [
+        "A heading without a full stop",
+        "It trails off into nothing...",
+        "A word " + "w" * 1000 + " is just short enough.",
+        "Mills shaped towns for centuries. They still matter.",
+        *GOOD_LINES[:3],
+    ]
+    assert result.signals["lines_no_terminal_punct"] == 0 and result.signals["lines_kept"] == 7
+
+
+def test_explicit_keys_win_over_the_recipe():
+    config = load_config(
+        overrides=["clean.recipe=fineweb_strict", "clean.c4.filter_no_terminal_punct=false"], environ={}
+    )
+    assert config.clean.c4.filter_no_terminal_punct is False
+
+
 def test_document_drops_follow_line_order():
     javascript_brace = "\n".join([*GOOD_LINES, "Use javascript like function() { return 1; }."])
     assert not drops("c4.curly_bracket", javascript_brace), "the javascript line is removed first"
@@ -266,7 +293,7 @@ def test_document_drops_follow_line_order():
 
 
 def test_kept_document_text_is_c4_output():
-    text = "A Title Line\n" + "\n".join(GOOD_LINES)
+    text = "Please enable JavaScript to read this page.\n" + "\n".join(GOOD_LINES)  # C4 removes it
     signals, filtered = DOCUMENTS.compute(text, "en")
     assert filtered == "\n".join(GOOD_LINES)
     assert signals["fineweb"]["lines"] == len(GOOD_LINES), "FineWeb reads C4's output, as in the recipe"
@@ -314,7 +341,8 @@ def test_newline_word_ratio(newlines, dropped):
 
 def test_nothing_left_after_c4_is_empty_for_fineweb():
     config = load_config(overrides=["clean.c4.min_num_sentences=null"], environ={}).clean
-    signals, filtered = DocumentSignals(config).compute("No full stop here\nnor here", "en")
+    # Both lines are under C4's three words, so C4 removes them whatever the recipe.
+    signals, filtered = DocumentSignals(config).compute("Too short\nnor this", "en")
     assert filtered == "" and signals["fineweb"]["lines"] == 0
     (rule,) = [r for r in recipe_rules(config, []) if r.name == "fineweb.empty"]
     assert rule.drops(signals, "en")

@@ -8,7 +8,7 @@ import pendulum
 import pytest
 
 DAGS_FOLDER = Path(__file__).resolve().parents[2] / "dags"
-DAG_IDS = {"corpus_ingest", "pretrain", "reprocess_corpus", "pretrain_pipeline"}
+DAG_IDS = {"corpus_ingest", "corpus_from_files", "pretrain", "reprocess_corpus", "pretrain_pipeline"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_task_retries_with_exponential_backoff_and_has_a_timeout(dagbag):
         for task in dag.tasks:
             where = f"{dag.dag_id}.{task.task_id}"
             assert task.execution_timeout is not None, where
-            if task.task_id != "stored_crawl":  # a missing crawl does not appear by retrying
+            if task.task_id != "stored_source":  # a missing crawl or ingest does not appear by retrying
                 assert task.retries >= 1 and task.retry_exponential_backoff >= 2, where
 
 
@@ -66,7 +66,8 @@ def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_to
     assert dag.get_task("tokenize").input_stage == "dedup"
     assert dag.get_task("quality").upstream_task_ids == {"dedup"}  # beside tokenize, not before
     assert dag.get_task("quality").input_stage == "dedup"
-    assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize"}
+    # It waits for the quality report too: a report that fails its gate in mode fail holds the snapshot back.
+    assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize", "quality"}
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
     assert set(dag.params) == {"snapshot", "config_path", "overrides"}
 
@@ -138,8 +139,36 @@ def test_reprocess_corpus_reads_stored_crawls_for_backfills(dagbag):
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # backfills need a schedule
     assert dag.start_date <= pendulum.datetime(2021, 1, 1, tz="UTC")  # years of snapshots can be backfilled
     assert "crawl" not in dag.task_ids
-    assert_chain(dag, ["stored_crawl", "clean", "dedup", "tokenize"])
+    assert_chain(dag, ["stored_source", "ingest", "clean", "dedup", "tokenize"])
+    assert "stored_source" in dag.get_task("clean").upstream_task_ids  # a crawl skips the ingest
+    assert dag.get_task("clean").trigger_rule == "none_failed_min_one_success"
+    assert "stored_source" in dag.get_task("clean").input_stage  # the stored source, at run time
+    assert dag.get_task("dedup").input_stage == "clean"
     assert all(not task.outlets for task in dag.tasks)  # a backfill does not start trainings
+
+
+def test_corpus_from_files_ingests_then_runs_the_corpus_stages_and_publishes_tokens(dagbag):
+    from operators.assets import TOKEN_SHARDS
+
+    dag = dagbag.dags["corpus_from_files"]
+    assert type(dag.timetable).__name__ == "NullTimetable"  # triggered by hand, with its sources
+    assert_chain(dag, ["run_overrides", "ingest", "clean", "dedup", "tokenize", "publish_token_shards"])
+    assert type(dag.get_task("ingest")).__name__ == "PipelineSparkSubmitOperator"
+    assert dag.get_task("clean").input_stage == "ingest"
+    assert dag.get_task("quality").upstream_task_ids == {"dedup", "run_overrides"}  # beside tokenize
+    assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
+    assert set(dag.params) == {"snapshot", "config_path", "overrides", "sources"}
+
+
+def test_a_runs_sources_become_validated_ingest_overrides():
+    from operators.tasks import ingest_overrides
+    from pipeline.core.config import ConfigError
+
+    params = {"config_path": None, "overrides": ["ingest.id_column=doc_id"], "sources": ["/d/*.jsonl"]}
+    assert ingest_overrides(params) == ["ingest.id_column=doc_id", 'ingest.sources=["/d/*.jsonl"]']
+    assert ingest_overrides({"config_path": None, "overrides": None, "sources": None}) == []
+    with pytest.raises(ConfigError, match=r"ingest\.format"):
+        ingest_overrides({"config_path": None, "overrides": ["ingest.format=csv"], "sources": []})
 
 
 def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
@@ -166,6 +195,8 @@ def test_every_dag_wires_its_stages_as_the_registry_declares(dagbag):
 
     seen = set()
     for dag in dagbag.dags.values():
+        # A DAG that ingests instead of crawling: what reads the crawl reads the ingest.
+        source = {"crawl": "ingest"} if "ingest" in dag.task_ids and "crawl" not in dag.task_ids else {}
         for task in dag.tasks:
             entry = BY_NAME.get(task.task_id)
             if entry is None or task.task_id == "crawl":  # crawl: sharded by CrawlOperator
@@ -174,10 +205,14 @@ def test_every_dag_wires_its_stages_as_the_registry_declares(dagbag):
             where = f"{dag.dag_id}.{task.task_id}"
             assert type(task).__name__ == RUNNER_OPERATORS[entry.runner], where
             for read in entry.reads:
+                read = source.get(read, read)
                 if read in dag.task_ids:
                     assert read in task.upstream_task_ids, f"{where} must wait for {read}"
             if hasattr(task, "input_stage"):
-                assert task.input_stage == entry.default_input, where
+                expected = source.get(entry.default_input, entry.default_input)
+                if dag.dag_id == "reprocess_corpus" and expected == "ingest":
+                    expected = "{{ ti.xcom_pull(task_ids='stored_source', key='source') }}"
+                assert task.input_stage == expected, where
     assert seen == {entry.name for entry in STAGES} - {"crawl"}
 
 

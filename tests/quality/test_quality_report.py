@@ -102,9 +102,14 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     )
     assert not math.isnan(metrics["cluster_entropy"])
     html = (folder / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
     assert {p.name for p in (folder / "plots").iterdir()} == {
         "domains.png",
         "lengths.png",
         "embeddings_pca.png",
+        "funnel.png",
     }
+    assert "<h2>Drop funnel</h2>" in html
+    funnel = metrics["funnel"]
+    assert funnel[-1] == {"stage": "clean", "reason": "kept", "documents": len(documents)}
+    assert funnel[0]["documents"] == sum(step["documents"] for step in funnel[1:])

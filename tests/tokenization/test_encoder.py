@@ -103,3 +103,18 @@ def test_large_vocabularies_encode_to_int32():
     assert tokens.dtype == np.int32
     with pytest.raises(ValueError, match="no end-of-text token"):
         DocumentEncoder.for_tokenizer(tokenizer, "<|missing|>", 1000)
+
+
+def test_chars_per_token_is_measured_not_clamped():
+    """It was clamped to at least 1.0, though Chinese text measured about 0.99."""
+    from types import SimpleNamespace
+
+    from pipeline.tokenization.job import estimate_chars_per_token
+
+    class ThreeTokensPerCharacter:  # a byte-level BPE that merged nothing: one token per UTF-8 byte
+        def encode_batch_fast(self, texts):
+            return [SimpleNamespace(ids=list(text.encode())) for text in texts]
+
+    assert estimate_chars_per_token(ThreeTokensPerCharacter(), ["茶起源于中国"]) == 1 / 3
+    assert estimate_chars_per_token(ThreeTokensPerCharacter(), ["ab", "c"]) == 1.0
+    assert estimate_chars_per_token(ThreeTokensPerCharacter(), [""]) == 1.0  # nothing to measure

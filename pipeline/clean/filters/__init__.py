@@ -106,7 +106,9 @@ class DocumentSignals:
             gopher_quality.NAME: gopher_quality.signals(
                 text,
                 lines,
-                n_words=len(words),
+                # jieba returns punctuation as tokens; for those languages the word rules count words only,
+                # or "，" and "。" made half the "words" non-alphabetic (FineWeb2 counts words too).
+                n_words=int(non_symbol.sum()) if lang in SEGMENTED_LANGUAGES else len(words),
                 non_symbol_lengths=lengths[non_symbol].tolist(),
                 n_alpha_words=int(self.table.alpha[ids].sum()),
                 n_stop_words=len(set(stop_words).intersection(words)) if stop_words else None,

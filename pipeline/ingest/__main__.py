@@ -1,0 +1,57 @@
+"""`python -m pipeline.ingest` / `pretrain ingest`: existing corpora into the clean stage's input contract.
+
+Reads Common Crawl WARC (HTML responses extracted as the crawl's pages are) and WET files with warcio, and
+JSONL or Parquet with a configurable text column, in Spark; bad records are quarantined in excluded/ with
+a reason, never fatal (docs/ingest.md). Then clean reads it: `pretrain clean` with `--input-stage` ingest.
+
+  pretrain ingest --snapshot cc1 --source 'data/cc/*.warc.wet.gz'
+  pretrain ingest --snapshot s3 --source corpus.jsonl --set ingest.id_column=doc_id
+  pretrain ingest --snapshot cc1      # again, no --source: re-read the files the snapshot's manifest names
+
+Also runs under spark-submit: `spark-submit pipeline/ingest/__main__.py --snapshot cc1 --source ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipeline.entrypoint import run_cli, stage_main
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        dest="sources",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file, folder, glob or URI to read (repeatable; same as --set ingest.sources=[...])",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["auto", "warc", "wet", "jsonl", "parquet"],
+        help="source format (same as --set ingest.format=...; default auto: by extension)",
+    )
+
+
+def as_overrides(args: argparse.Namespace) -> list[str]:
+    overrides = [f"ingest.sources={json.dumps(args.sources)}"] if args.sources else []
+    return overrides + ([f"ingest.format={args.format}"] if args.format else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.ingest.job import run
+
+    return stage_main(
+        argv,
+        stage="ingest",
+        description=__doc__,
+        run=run,
+        add_arguments=add_arguments,
+        as_overrides=as_overrides,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

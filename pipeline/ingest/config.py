@@ -1,0 +1,33 @@
+"""The `ingest` config section: which files to read, how to read them, and the size cap (docs/ingest.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.core.config import Section
+
+Format = Literal["auto", "warc", "wet", "jsonl", "parquet"]
+
+
+class IngestConfig(Section):
+    sources: list[str] = Field(
+        default_factory=list,
+        description="files, folders or globs, local or URIs pyarrow opens (s3://, hdfs://); empty: re-read "
+        "the files the snapshot's stored ingest names",
+    )
+    format: Format = Field(
+        "auto", description="auto: by extension (.warc[.gz], .wet[.gz], .jsonl[.gz], .parquet)"
+    )
+    text_column: str = Field("text", min_length=1, description="JSONL/Parquet: the document text")
+    id_column: str | None = Field(
+        None, description="JSONL/Parquet: a stable id; else a hash of the URL, else of the normalised text"
+    )
+    url_column: str | None = Field("url", description="JSONL/Parquet: the URL, when there is one")
+    metadata_columns: list[str] = Field(
+        default_factory=list, description="JSONL/Parquet: columns kept, as JSON, in documents/metadata"
+    )
+    max_record_bytes: int = Field(
+        10 * 1024 * 1024, gt=0, description="a larger record (WARC payload, JSONL line, text) is quarantined"
+    )

@@ -1,0 +1,179 @@
+"""The ingest stage as a Spark job: source files in, the clean stage's input contract out.
+
+1. list the sources in the driver (metadata only) and checksum each file in a Spark task;
+2. read each file (each row group of a Parquet file) in a Spark task of its own (``readers.ingest_batches``):
+   one row per record, a document or a quarantined record with its reason;
+3. write ``documents/`` (clean's EXTRACTED_SCHEMA plus where each record came from, its size and metadata)
+   and ``excluded/``, and a manifest naming every source file with its size and sha256.
+
+Run again with no ``ingest.sources``, a snapshot re-reads exactly the files its manifest names (a backfill
+with today's code and config); a file whose bytes changed since fails the run, naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pipeline.config import PipelineConfig
+from pipeline.core.manifest import Manifest
+from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
+from pipeline.ingest.readers import (
+    CHECKSUM_SCHEMA,
+    INGESTED_SCHEMA,
+    SKIPPED,
+    checksum_batches,
+    ingest_batches,
+)
+from pipeline.ingest.sources import SourceFile, list_sources, open_source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+STAGE = "ingest"
+
+
+def stored_sources(output: DatasetRef) -> list[dict]:
+    """The source files (path, format, bytes, sha256) a published ingest of this snapshot read."""
+    if not output.is_complete():
+        raise StageFailure(
+            f"ingest {output.snapshot}: no ingest.sources given (--source) and no stored ingest of this "
+            f"snapshot at {output.path} whose files could be re-read"
+        )
+    return list(output.manifest().extra.get("sources", []))
+
+
+def _parts(entry: SourceFile) -> list[int | None]:
+    """A Parquet file's row groups, each read by a task of its own (its footer, read here, is small); one
+    part for any other file (gzip streams cannot be split) or a footer that cannot be read."""
+    if entry.format != "parquet":
+        return [None]
+    import pyarrow.parquet as pq
+
+    try:
+        with open_source(entry.path) as handle:
+            groups = pq.ParquetFile(handle).metadata.num_row_groups
+    except Exception:  # the task quarantines the file, with the reason
+        return [None]
+    return list(range(groups)) or [None]
+
+
+def _listing(spark: SparkSession, files: list[SourceFile], split: bool) -> DataFrame:
+    """One partition per file (or Parquet row group), so files are read in parallel, each by one task."""
+    columns = "path string, format string, bytes long, part int"
+    rows = [
+        (entry.path, entry.format, entry.bytes, part)
+        for entry in files
+        for part in (_parts(entry) if split else [None])
+    ]
+    rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
+    return spark.createDataFrame(rdd, columns)
+
+
+def checksums(listing: DataFrame) -> dict[str, dict]:
+    found = listing.select("path").mapInArrow(checksum_batches, spark_schema(CHECKSUM_SCHEMA)).collect()
+    return {row["path"]: {"bytes": row["bytes"], "sha256": row["sha256"]} for row in found}
+
+
+def ingest_counters(rows: DataFrame) -> dict:
+    """Per format: records, documents, quarantined by reason, skipped non-document records by kind."""
+    from pyspark.sql import functions as F
+
+    reason = F.regexp_extract(F.coalesce("drop_reason", F.lit("")), r"^[a-z0-9_]+(:[a-z]+\.[a-z]+)?", 0)
+    grouped = rows.groupBy("format", reason.alias("reason")).agg(F.count(F.lit(1)).alias("n")).collect()
+    counters: dict = {"records": 0, "documents": 0, "excluded": 0, "excluded_by_reason": {}, "skipped": {}}
+    by_format: dict[str, dict] = {}
+    for row in grouped:
+        fmt, code, count = row["format"], row["reason"], int(row["n"])
+        part = by_format.setdefault(fmt, {"records": 0, "documents": 0, "excluded": {}, "skipped": 0})
+        if code.startswith(SKIPPED):
+            counters["skipped"][code.split(":", 1)[1]] = count
+            part["skipped"] += count
+            continue
+        counters["records"] += count
+        part["records"] += count
+        if not code:
+            counters["documents"] += count
+            part["documents"] += count
+        else:
+            counters["excluded"] += count
+            counters["excluded_by_reason"][code] = counters["excluded_by_reason"].get(code, 0) + count
+            part["excluded"][code] = count
+    counters["excluded_by_reason"] = dict(sorted(counters["excluded_by_reason"].items()))
+    counters["skipped"] = dict(sorted(counters["skipped"].items()))
+    counters["by_format"] = {
+        fmt: {**part, "excluded": dict(sorted(part["excluded"].items()))}
+        for fmt, part in sorted(by_format.items())
+    }
+    return counters
+
+
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    settings = config.ingest
+    previous = None if settings.sources else stored_sources(output)
+    if previous is not None:
+        files = [SourceFile(entry["path"], entry["format"], entry["bytes"]) for entry in previous]
+    else:
+        files = list_sources(settings.sources, settings.format)
+    with StageOutput(output, config, inputs) as out:
+        spark = spark_session(config, f"ingest-{output.corpus}-{output.snapshot}")
+        from pyspark.sql import functions as F
+
+        sums = checksums(_listing(spark, files, split=False))
+        for entry in previous or []:
+            now = sums.get(entry["path"], {})
+            if now.get("sha256") != entry["sha256"]:
+                raise StageFailure(
+                    f"ingest {output.snapshot}: source file {entry['path']} changed or is gone since this "
+                    f"snapshot was ingested (sha256 {entry['sha256']} then, {now.get('sha256')} now); "
+                    "ingest it under a new snapshot"
+                )
+        sources = [
+            {
+                "path": entry.path,
+                "format": entry.format,
+                **sums.get(entry.path, {"bytes": None, "sha256": None}),
+            }
+            for entry in files
+        ]
+        unreadable = [entry["path"] for entry in sources if entry["sha256"] is None]
+        rows = _listing(spark, files, split=True).mapInArrow(
+            lambda batches: ingest_batches(batches, settings), spark_schema(INGESTED_SCHEMA)
+        )
+        rows = rows.cache()
+        try:
+            reasons = F.col("drop_reason")
+            # The same URL or text in two files gives two rows with one id: their place in the file decides.
+            order = ("source_file", "source_record")
+            write_parquet(
+                rows.where(reasons.isNull()),
+                out.path / "documents",
+                config.spark.output_files,
+                tiebreak=order,
+            )
+            excluded = rows.where(reasons.isNotNull() & ~reasons.startswith(SKIPPED))
+            write_parquet(
+                excluded.withColumn("id", F.coalesce("id", F.concat_ws("#", "source_file", "source_record"))),
+                out.path / "excluded",
+                config.spark.output_files,
+                tiebreak=order,
+            )
+            counters = ingest_counters(rows)
+        finally:
+            rows.unpersist()
+        counters["source_files"] = len(sources)
+        counters["unreadable_files"] = unreadable
+        log.info(
+            "ingest: %d documents of %d records from %d files; quarantined %s",
+            counters["documents"],
+            counters["records"],
+            len(sources),
+            counters["excluded_by_reason"] or "none",
+        )
+        return out.commit(
+            rows={"documents": counters["documents"], "excluded": counters["excluded"]},
+            counters=counters,
+            extra={"sources": sources, "replayed": previous is not None},
+        )

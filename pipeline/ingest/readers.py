@@ -1,0 +1,411 @@
+"""One source file in, one row per record out: a document, a quarantined record with its reason, or a
+skipped non-document record (WARC requests, metadata, warcinfo), counted but never written.
+
+Each reader streams its file (warcio record by record, JSONL line by line, Parquet batch by batch), so no
+record is held longer than it takes to turn it into a row. A failing record never fails the file and a
+failing file never fails the task: both become quarantined rows (``ingest_batches``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_page
+from pipeline.clean.normalize import normalize_text
+from pipeline.ingest.config import IngestConfig
+from pipeline.ingest.sources import open_source
+
+INGESTED_SCHEMA = pa.schema(
+    [
+        *EXTRACTED_SCHEMA,
+        ("source_file", pa.string()),
+        ("source_record", pa.int64()),  # the record's number in its file, from 0
+        ("format", pa.string()),
+        ("record_bytes", pa.int64()),
+        ("metadata", pa.string()),  # JSON object of the configured metadata columns
+    ]
+)
+DOCUMENT_COLUMNS = INGESTED_SCHEMA.names
+SKIPPED = "skipped"  # drop_reason prefix of records that are not documents (not quarantined)
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+BATCH_ROWS = 500
+
+
+def url_id(url: str) -> str:
+    """The crawl path's id (clean: ``substring(sha1(url), 1, 16)``), so a page has one id whichever way it came."""
+    return hashlib.sha1(url.encode("utf-8")).hexdigest()[:16]
+
+
+def text_id(text: str) -> str:
+    return hashlib.sha1(normalize_text(text).encode("utf-8")).hexdigest()[:16]
+
+
+def host(url: str | None) -> str | None:
+    if not url:
+        return None
+    from pipeline.crawl.urls import host_of
+
+    try:
+        return host_of(url) or None
+    except ValueError:
+        return None
+
+
+def _row(source: str, number: int, fmt: str, **values: Any) -> dict[str, Any]:
+    row = dict.fromkeys(INGESTED_SCHEMA.names)
+    row.update(source_file=source, source_record=number, format=fmt, **values)
+    return row
+
+
+def _quarantined(source: str, number: int, fmt: str, reason: str, nbytes: int | None = None, **values):
+    return _row(source, number, fmt, drop_reason=reason, record_bytes=nbytes, **values)
+
+
+def _document(source, number, fmt, *, url, text, doc_id, fetch_time=None, charset="utf_8", fix=None, **rest):
+    if not text.strip():
+        return _quarantined(source, number, fmt, "empty_text", rest.get("record_bytes"), url=url, id=doc_id)
+    return _row(
+        source,
+        number,
+        fmt,
+        id=doc_id,
+        url=url,
+        domain=host(url),
+        fetch_time=fetch_time,
+        text=text,
+        charset=charset,
+        charset_fix=fix,
+        **rest,
+    )
+
+
+def _warc_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+WARC_TYPES = {
+    "warcinfo",
+    "response",
+    "resource",
+    "request",
+    "metadata",
+    "revisit",
+    "conversion",
+    "continuation",
+}
+
+
+class _CountingStream:
+    """A record's raw stream that counts what is read from it: fewer bytes than declared is a cut record."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.count = 0
+
+    def read(self, *args):
+        data = self.stream.read(*args)
+        self.count += len(data)
+        return data
+
+    def readline(self, *args):
+        data = self.stream.readline(*args)
+        self.count += len(data)
+        return data
+
+
+def read_warc(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """WARC responses (HTML extracted exactly as the crawl's pages are) or WET conversions (already text).
+
+    warcio stops quietly where a gzip stream is cut; a cut shows as a damaged last record, a record shorter
+    than its Content-Length, or bytes left after the last record, and each is quarantined as such.
+    """
+    from warcio.archiveiterator import ArchiveIterator
+
+    cut = "truncated_gzip" if source.lower().endswith(".gz") else "truncated_record"
+    with open_source(source) as handle:
+        records = ArchiveIterator(handle)
+        number = -1
+        try:
+            for record in records:
+                number += 1
+                yield _warc_row(record, source, number, fmt, config, cut)
+        except Exception as exc:  # a damaged member: what came before it stands
+            yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+            return
+        if records.offset < size:
+            reason = (
+                f"{cut}: {size - records.offset} bytes after offset {records.offset} hold no whole record"
+            )
+            yield _quarantined(source, number + 1, fmt, reason)
+
+
+def _warc_row(record, source: str, number: int, fmt: str, config: IngestConfig, cut: str) -> dict[str, Any]:
+    kind = record.rec_type
+    if kind not in WARC_TYPES or record.rec_headers.get_header("Content-Length") is None:
+        return _quarantined(source, number, fmt, f"{cut}: damaged record header (type {kind!r})")
+    wanted = "conversion" if fmt == "wet" else "response"
+    if kind != wanted:
+        return _row(source, number, fmt, drop_reason=f"{SKIPPED}:{fmt}.{kind}")
+    headers = record.rec_headers
+    url = headers.get_header("WARC-Target-URI")
+    fetch_time = _warc_date(headers.get_header("WARC-Date"))
+    declared = int(headers.get_header("Content-Length") or 0)
+    common = {"url": url, "id": url_id(url) if url else None, "fetch_time": fetch_time}
+    if declared > config.max_record_bytes:
+        reason = f"too_large: {declared} bytes > {config.max_record_bytes}"
+        return _quarantined(source, number, fmt, reason, declared, **common)
+    try:
+        if fmt == "warc":
+            status = record.http_headers.get_statuscode() if record.http_headers else None
+            if status != "200":
+                return _quarantined(source, number, fmt, f"http_status: {status}", declared, **common)
+        raw = record.raw_stream = _CountingStream(record.raw_stream)
+        payload = record.content_stream().read()
+        header_bytes = record.http_headers.total_len if record.http_headers else 0
+        if raw.count + header_bytes < declared:
+            reason = f"{cut}: {raw.count + header_bytes} of {declared} bytes"
+            return _quarantined(source, number, fmt, reason, declared, **common)
+        if fmt == "wet":
+            try:
+                text = payload.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return _quarantined(
+                    source, number, fmt, f"invalid_utf8: byte {exc.start}", declared, **common
+                )
+            return _document(
+                source,
+                number,
+                fmt,
+                text=text,
+                doc_id=common["id"] or text_id(text),
+                url=url,
+                fetch_time=fetch_time,
+                record_bytes=declared,
+            )
+        content_type = record.http_headers.get_header("Content-Type") if record.http_headers else None
+        if content_type and not content_type.lower().startswith(HTML_TYPES):
+            reason = f"unsupported_content_type: {content_type[:100]}"
+            return _quarantined(source, number, fmt, reason, declared, **common)
+        page = extract_page(payload, content_type, url)
+        if page.reason is not None:
+            return _quarantined(source, number, fmt, page.reason, declared, **common)
+        return _document(
+            source,
+            number,
+            fmt,
+            text=page.text,
+            doc_id=common["id"] or text_id(page.text),
+            url=url,
+            fetch_time=fetch_time,
+            charset=page.charset,
+            fix=page.fix,
+            record_bytes=declared,
+        )
+    except Exception as exc:  # one bad record must not fail the file
+        return _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", declared, **common)
+
+
+def _file_failure(exc: Exception) -> str:
+    if isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile):
+        return f"truncated_gzip: {type(exc).__name__}: {str(exc)[:200]}"
+    return f"unreadable_file: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _record(source, number, fmt, fields: dict[str, Any], nbytes: int, config: IngestConfig) -> dict[str, Any]:
+    """A JSONL object or a Parquet row (column -> value) as a row: the shared rules for tabular sources."""
+    if config.text_column not in fields:
+        return _quarantined(source, number, fmt, f"missing_text_column: {config.text_column}", nbytes)
+    text = fields[config.text_column]
+    if text is None:
+        return _quarantined(source, number, fmt, f"missing_text_column: {config.text_column} is null", nbytes)
+    if not isinstance(text, str):
+        return _quarantined(source, number, fmt, f"text_not_a_string: {type(text).__name__}", nbytes)
+    if len(text.encode("utf-8", errors="surrogatepass")) > config.max_record_bytes:
+        return _quarantined(
+            source, number, fmt, f"too_large: text over {config.max_record_bytes} bytes", nbytes
+        )
+    url = _string(fields.get(config.url_column)) if config.url_column else None
+    given = fields.get(config.id_column) if config.id_column else None
+    metadata = {name: fields[name] for name in config.metadata_columns if name in fields}
+    encoded_metadata = (
+        json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str) if metadata else None
+    )
+    try:
+        for value in (text, url, encoded_metadata, given if isinstance(given, str) else None):
+            if value is not None:
+                value.encode("utf-8")  # JSON's "\ud800" escapes decode to lone surrogates
+    except UnicodeEncodeError as exc:
+        return _quarantined(source, number, fmt, f"invalid_utf8: {exc.reason}", nbytes)
+    if given is not None and not isinstance(given, bool) and str(given):
+        doc_id = str(given)
+    else:
+        doc_id = url_id(url) if url else text_id(text)
+    return _document(
+        source, number, fmt, url=url, text=text, doc_id=doc_id, record_bytes=nbytes, metadata=encoded_metadata
+    )
+
+
+def read_jsonl(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    limit = config.max_record_bytes
+    with open_source(source) as raw:
+        stream = gzip.GzipFile(fileobj=raw) if source.lower().endswith(".gz") else raw
+        number = -1
+        try:
+            while line := stream.readline(limit + 1):
+                number += 1
+                nbytes = len(line)
+                if nbytes > limit and not line.endswith(b"\n"):
+                    while (rest := stream.readline(limit + 1)) and not rest.endswith(b"\n"):
+                        nbytes += len(rest)  # skipped in pieces: a huge line is never held whole
+                    nbytes += len(rest)
+                    yield _quarantined(source, number, fmt, f"too_large: {nbytes} bytes > {limit}", nbytes)
+                    continue
+                if not line.strip():
+                    number -= 1  # blank lines are not records
+                    continue
+                yield _jsonl_row(line, source, number, fmt, config)
+        except Exception as exc:
+            yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+def _jsonl_row(line: bytes, source: str, number: int, fmt: str, config: IngestConfig) -> dict[str, Any]:
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", len(line))
+    try:
+        fields = json.loads(decoded)
+    except ValueError as exc:
+        return _quarantined(source, number, fmt, f"invalid_json: {str(exc)[:200]}", len(line))
+    if not isinstance(fields, dict):
+        return _quarantined(source, number, fmt, f"not_an_object: {type(fields).__name__}", len(line))
+    try:
+        return _record(source, number, fmt, fields, len(line), config)
+    except Exception as exc:
+        return _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", len(line))
+
+
+def read_parquet(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """One row group (``part``) of a Parquet file, or all of it; records are numbered across the file."""
+    import pyarrow.parquet as pq
+
+    with open_source(source) as handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except Exception as exc:
+            yield _quarantined(source, 0, fmt, _file_failure(exc))
+            return
+        metadata = parquet.metadata
+        groups = list(range(metadata.num_row_groups)) if part is None else [part]
+        first = sum(metadata.row_group(index).num_rows for index in range(groups[0] if groups else 0))
+        names = parquet.schema_arrow.names
+        if config.text_column not in names:
+            reason = f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
+            rows = sum(metadata.row_group(index).num_rows for index in groups)
+            for number in range(first, first + rows):
+                yield _quarantined(source, number, fmt, reason)
+            return
+        wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
+        columns = [name for name in dict.fromkeys(wanted) if name in names]
+        number = first - 1
+        try:
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns):
+                text_column = batch.column(config.text_column)
+                if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
+                    raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
+                else:
+                    raw_texts = text_column.to_pylist()
+                others = {
+                    name: batch.column(name).to_pylist() for name in columns if name != config.text_column
+                }
+                for row, raw in enumerate(raw_texts):
+                    number += 1
+                    nbytes = len(raw) if isinstance(raw, bytes) else None
+                    if isinstance(raw, bytes):
+                        if nbytes > config.max_record_bytes:
+                            reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
+                            yield _quarantined(source, number, fmt, reason, nbytes)
+                            continue
+                        try:
+                            raw = raw.decode("utf-8")
+                        except UnicodeDecodeError as exc:
+                            yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
+                            continue
+                    fields = {name: values[row] for name, values in others.items()}
+                    fields[config.text_column] = raw
+                    try:
+                        yield _record(source, number, fmt, fields, nbytes or 0, config)
+                    except Exception as exc:
+                        yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
+        except Exception as exc:
+            yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": read_parquet}
+
+
+def ingest_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: (path, format, bytes, part) rows in, the records of each file (or of its row
+    group ``part``) out, BATCH_ROWS at a time."""
+    for batch in batches:
+        for listed in batch.to_pylist():
+            rows: list[dict[str, Any]] = []
+            source, fmt = listed["path"], listed["format"]
+            emitted = 0
+            try:
+                for row in READERS[fmt](source, fmt, listed["bytes"], config, listed["part"]):
+                    rows.append(row)
+                    emitted += 1
+                    if len(rows) >= BATCH_ROWS:
+                        yield pa.RecordBatch.from_pylist(rows, schema=INGESTED_SCHEMA)
+                        rows = []
+            except Exception as exc:  # the file could not even be opened
+                rows.append(_quarantined(source, emitted, fmt, _file_failure(exc)))
+            if rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=INGESTED_SCHEMA)
+
+
+def checksum_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: each listed file's size and sha256, read in chunks (an unreadable file: nulls)."""
+    for batch in batches:
+        out: dict[str, list] = {"path": [], "bytes": [], "sha256": []}
+        for path in batch.column("path").to_pylist():
+            digest, size = hashlib.sha256(), 0
+            try:
+                with open_source(path) as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+                        size += len(chunk)
+                out["bytes"].append(size)
+                out["sha256"].append(digest.hexdigest())
+            except OSError:
+                out["bytes"].append(None)
+                out["sha256"].append(None)
+            out["path"].append(path)
+        yield pa.RecordBatch.from_pydict(out, schema=CHECKSUM_SCHEMA)
+
+
+CHECKSUM_SCHEMA = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())])

@@ -1,0 +1,122 @@
+"""Which files an ingest reads: globs, folders and URIs expanded to files, each with its format.
+
+Listing happens in the driver and touches metadata only; the files are read (and checksummed) in Spark tasks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.config import ConfigError
+
+# Longest suffix first: Common Crawl names its WET files *.warc.wet.gz.
+SUFFIXES = (
+    (".wet.gz", "wet"),
+    (".wet", "wet"),
+    (".warc.gz", "warc"),
+    (".warc", "warc"),
+    (".jsonl.gz", "jsonl"),
+    (".jsonl", "jsonl"),
+    (".ndjson.gz", "jsonl"),
+    (".ndjson", "jsonl"),
+    (".json.gz", "jsonl"),
+    (".json", "jsonl"),
+    (".parquet", "parquet"),
+)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str  # absolute local path, or a URI pyarrow opens
+    format: str  # warc | wet | jsonl | parquet
+    bytes: int
+
+
+def format_of(name: str) -> str | None:
+    lowered = name.lower()
+    for suffix, fmt in SUFFIXES:
+        if lowered.endswith(suffix):
+            return fmt
+    return None
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local_path(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _listed(path: str, size: int, fmt: str, explicit: bool) -> SourceFile | None:
+    chosen = format_of(path) if fmt == "auto" else fmt
+    if chosen is None:
+        if explicit:
+            raise ConfigError(f"ingest.sources: cannot tell the format of {path!r}; set ingest.format")
+        return None  # a folder's other files (_SUCCESS, README) are not sources
+    return SourceFile(path, chosen, size)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def list_sources(patterns: Iterable[str], fmt: str = "auto") -> list[SourceFile]:
+    """Every file the patterns name, sorted and once each; a pattern that names nothing is a config error."""
+    found: dict[str, SourceFile] = {}
+    for pattern in patterns:
+        files = _list_uri(pattern, fmt) if is_uri(pattern) else _list_local(_local_path(pattern), fmt)
+        if not files:
+            raise ConfigError(f"ingest.sources: {pattern!r} names no readable source file")
+        for entry in files:
+            found.setdefault(entry.path, entry)
+    return [found[path] for path in sorted(found)]
+
+
+def _list_local(pattern: str, fmt: str) -> list[SourceFile]:
+    files = []
+    for match in sorted(glob.glob(os.path.expanduser(pattern), recursive=True)):
+        path = Path(match).resolve()
+        if path.is_dir():
+            for child in sorted(path.rglob("*")):
+                if child.is_file() and not _hidden(child.name):
+                    entry = _listed(str(child), child.stat().st_size, fmt, explicit=False)
+                    if entry is not None:
+                        files.append(entry)
+        elif path.is_file():
+            entry = _listed(str(path), path.stat().st_size, fmt, explicit=True)
+            files.append(entry)
+    return files
+
+
+def _list_uri(uri: str, fmt: str) -> list[SourceFile]:
+    from pyarrow import fs as pafs
+
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    scheme = uri.split("://", 1)[0]
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return [_listed(uri, info.size, fmt, explicit=True)]
+    if info.type != pafs.FileType.Directory:
+        return []
+    files = []
+    for child in filesystem.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if child.type == pafs.FileType.File and not _hidden(child.base_name):
+            entry = _listed(f"{scheme}://{child.path}", child.size, fmt, explicit=False)
+            if entry is not None:
+                files.append(entry)
+    return sorted(files, key=lambda entry: entry.path)
+
+
+def open_source(path: str):
+    """A binary stream over the file's raw bytes (no transparent decompression: readers handle gzip)."""
+    if is_uri(path):
+        from pyarrow import fs as pafs
+
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+        return filesystem.open_input_file(inner)
+    return open(_local_path(path), "rb")

@@ -1,0 +1,136 @@
+"""The drop funnel: what each stage before the report removed, and why, in documents.
+
+Read from the manifests along the report's lineage (its input's manifest names the manifest it was made
+from, and so on back to the crawl or ingest), so it costs nothing to compute and describes exactly the
+outputs the report's documents came from. Every step keeps the books: documents in = kept + dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.core.manifest import MANIFEST_NAME, Manifest
+
+# Clean's rules in the order the recipe applies them (the manifest lists them alphabetically).
+CLEAN_RULE_ORDER = (
+    "extract",
+    "clean",
+    "normalize",
+    "language",
+    "gopher_repetition",
+    "gopher_quality",
+    "c4",
+    "fineweb",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    reason: str  # why these documents left; "kept" for the last row
+    documents: int
+
+
+def lineage(manifest: Manifest) -> list[Manifest]:
+    """``manifest`` and the manifests it was made from, following each first input, oldest first."""
+    chain = [manifest]
+    while chain[-1].inputs:
+        path = Path(chain[-1].inputs[0]["path"]) / MANIFEST_NAME
+        if not path.is_file():  # an input since replaced or removed: the funnel starts here
+            break
+        chain.append(Manifest.read(path))
+    return chain[::-1]
+
+
+def _clean_rule_rank(rule: str) -> tuple[int, str]:
+    prefix = rule.split(".", 1)[0].split(":", 1)[0]
+    order = CLEAN_RULE_ORDER.index(prefix) if prefix in CLEAN_RULE_ORDER else len(CLEAN_RULE_ORDER)
+    return order, rule
+
+
+def _drops(manifest: Manifest) -> Iterator[Step]:
+    counters = manifest.counters
+    if manifest.stage in ("crawl", "crawl-shards"):
+        for reason, count in sorted(counters.get("by_reason", {}).items()):
+            yield Step("crawl", reason, int(count))
+    elif manifest.stage == "clean":
+        for rule in sorted(counters.get("dropped", {}), key=_clean_rule_rank):
+            yield Step("clean", rule, int(counters["dropped"][rule]))
+    elif "dropped" in counters and isinstance(counters["dropped"], dict):  # dedup, and stages like it
+        for reason, count in sorted(counters["dropped"].items()):
+            yield Step(manifest.stage, reason, int(count))
+
+
+def _documents_in(manifest: Manifest) -> int | None:
+    counters = manifest.counters
+    for key in ("requests", "input_pages", "input_documents"):
+        if key in counters:
+            return int(counters[key])
+    return None
+
+
+def _documents_out(manifest: Manifest) -> int | None:
+    counters, rows = manifest.counters, manifest.rows
+    if manifest.stage in ("crawl", "crawl-shards"):
+        return int(counters.get("fetched", rows.get("pages", 0)))
+    if "kept" in counters:
+        return int(counters["kept"])
+    return int(rows["documents"]) if "documents" in rows else None
+
+
+def funnel(manifest: Manifest) -> list[Step]:
+    """The steps from the first manifest of the lineage to ``manifest``'s kept documents.
+
+    Between two stages, documents the next stage did not take in (a crawl's stored pages that were not
+    HTTP 200, for instance) are a step of their own, so the rows still add up.
+    """
+    steps: list[Step] = []
+    previous_out: int | None = None
+    chain = lineage(manifest)
+    for index, stage in enumerate(chain):
+        documents_in = _documents_in(stage)
+        if previous_out is not None and documents_in is not None and documents_in != previous_out:
+            steps.append(Step(stage.stage, "not_taken_in", previous_out - documents_in))
+        if previous_out is None and documents_in is not None:
+            steps.append(Step(stage.stage, "input", documents_in))
+        steps.extend(_drops(stage))
+        out = _documents_out(stage)
+        previous_out = out if out is not None else previous_out
+        if index == len(chain) - 1 and out is not None:
+            steps.append(Step(stage.stage, "kept", out))
+    return steps
+
+
+def as_rows(steps: list[Step]) -> list[dict]:
+    return [asdict(step) for step in steps]
+
+
+def plot_waterfall(steps: list[Step], path: Path) -> Path:
+    """Documents left after each step, the drops as falling bars: where a snapshot lost its documents."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drops = [step for step in steps if step.reason not in ("input", "kept")]
+    start = steps[0].documents if steps and steps[0].reason == "input" else sum(s.documents for s in drops)
+    labels, bottoms, heights = [], [], []
+    left = start
+    for step in drops:
+        left -= step.documents
+        labels.append(f"{step.stage}: {step.reason}")
+        bottoms.append(left)
+        heights.append(step.documents)
+    figure, axis = plt.subplots(figsize=(8, max(3.0, 0.28 * (len(drops) + 2) + 1)))
+    names = ["input", *labels, "kept"]
+    axis.barh(names[0], start, color="tab:blue")
+    axis.barh(labels, heights, left=bottoms, color="tab:red")
+    axis.barh(names[-1], left, color="tab:green")
+    axis.invert_yaxis()
+    axis.set(title="drop funnel (documents)", xlabel="documents")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
