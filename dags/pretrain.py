@@ -113,8 +113,11 @@ def pretrain():
     @task
     def training_run(params=None, triggering_asset_events=None) -> dict[str, str]:
         """Resolve and validate this run's config into one file; XCom: its path and the snapshot."""
-        check_run_conf(get_current_context())
-        return resolve_training_run(params, latest_token_shards_extra(triggering_asset_events))
+        context = get_current_context()
+        check_run_conf(context)
+        return resolve_training_run(
+            params, latest_token_shards_extra(triggering_asset_events), dag_run_id=context["run_id"]
+        )
 
     run = training_run()
     stage_tasks(

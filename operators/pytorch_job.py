@@ -9,10 +9,9 @@ from airflow.sdk.exceptions import AirflowException
 from operators.base import PipelineOperator
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
-from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
-from pipeline.train.launch import child_environment, prepare_torchrun
+from pipeline.train.launch import train
 
 LAUNCHERS = ("local", "kubernetes")
 ON_FINISH = ("delete", "delete_succeeded", "keep")
@@ -22,14 +21,16 @@ SETTINGS_VARIABLE = "pretrain_kubernetes"
 class PyTorchJobOperator(PipelineOperator):
     """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow PyTorchJob.
 
-    ``launcher="local"`` runs torchrun as a child process in its own process group, streams every rank's
-    output into the task log, and kills the whole group (agent and workers) when the task is killed.
+    ``launcher="local"`` trains as `pretrain train` does (the same run: new, resumed or ``train.run_id``,
+    under its lock) with torchrun as a child process in its own process group, streams every rank's output
+    into the task log, and kills the whole group (agent and workers) when the task is killed.
 
     ``launcher="kubernetes"`` renders a ``kubeflow.org/v1`` PyTorchJob (see ``operators.kubeflow``), creates
     it, and defers to a trigger that polls the job's conditions. The job's name is derived from the
     task instance (dag, run, task, map index) and not from the try number, so a retry finds the job
     its previous try created and reattaches to it instead of creating a second one; a previous try's
-    *failed* job is deleted and resubmitted. When it finishes, the master pod's log is copied into the task
+    *failed* job is deleted and resubmitted. Unless ``train.run_id`` names the training run, the job's
+    name does (``train/<snapshot>/<job name>/``), so a resubmitted job resumes the run. When it finishes, the master pod's log is copied into the task
     log and the job is deleted or kept (``on_finish``). Killing the task deletes the job.
 
     Cluster settings (image, namespace, PVC, GPUs, ...) come from ``KubernetesJobSettings`` defaults, then
@@ -91,15 +92,15 @@ class PyTorchJobOperator(PipelineOperator):
     # --- local ----------------------------------------------------------------------------------------
 
     def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
-        command = prepare_torchrun(config, tokens, self.snapshot)
-        self.log.info("launching %s", " ".join(command))
-        run_streaming(
-            command,
-            env=child_environment(config.train),
+        """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
+        manifest = train(
+            config,
+            tokens,
+            self.snapshot,
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,
         )
-        return str(DatasetRef.of(config, "train", self.snapshot).require().path)
+        return manifest.path
 
     # --- kubernetes -----------------------------------------------------------------------------------
 
@@ -130,6 +131,9 @@ class PyTorchJobOperator(PipelineOperator):
 
         ti = context["ti"]
         name = job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        # The pods write the run the config names; unnamed, it is named after the job, so a retry that
+        # resubmits the job resumes it and execute_complete knows where the output is.
+        config = config.with_run(config.train.run_id or name)
         settings = self.job_settings()
         lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
         manifest = render_pytorch_job(
@@ -204,7 +208,8 @@ class PyTorchJobOperator(PipelineOperator):
         self._job = None
         if not succeeded:
             raise AirflowException(f"PyTorchJob {namespace}/{name} ended {state}: {event.get('message', '')}")
-        train = DatasetRef.of(self._config(), "train", self.snapshot)
+        config = self._config()
+        train = DatasetRef.of(config.with_run(config.train.run_id or name), "train", self.snapshot)
         if not train.is_complete():
             self.log.warning(
                 "%s is not visible from this worker; mount the job's volume at project.data_root to read it",

@@ -6,6 +6,7 @@ record of what this run trained with. XCom carries only its path and the snapsho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,21 @@ def latest_snapshot(config: PipelineConfig, stage: str) -> str:
     return max(manifests, key=lambda manifest: (manifest.created_at, manifest.snapshot)).snapshot
 
 
-def resolve_training_run(params: Mapping[str, Any], event_extra: Mapping[str, Any]) -> dict[str, str]:
+def training_run_id(dag_run_id: str) -> str:
+    """The training run a DAG run trains (``train.run_id``): its run id, made a valid folder name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", dag_run_id).strip("-_.") or "run"
+
+
+def resolve_training_run(
+    params: Mapping[str, Any], event_extra: Mapping[str, Any], dag_run_id: str | None = None
+) -> dict[str, str]:
     """Validate the run's config and write it to the run folder; returns {"snapshot", "config_path"}.
 
     Precedence, lowest first: the config the corpus was built with (from the asset event), the form's
     config file and overrides, then the form's typed fields. A bad value fails here, naming the key,
-    before any training starts.
+    before any training starts. Unless the settings name one, the training run (``train.run_id``) is
+    named after the DAG run: each DAG run trains and reports its own run, so a sweep (one DAG run per
+    setting) keeps every run, and a retried train task resumes its own.
     """
     config_path = params.get("config_path") or event_extra.get("config_path") or None
     overrides = [
@@ -69,6 +79,8 @@ def resolve_training_run(params: Mapping[str, Any], event_extra: Mapping[str, An
         config = load_config(config_path, overrides)
     except ConfigError as exc:
         raise ConfigError(f"the pretrain run's settings are invalid: {exc}") from None
+    if dag_run_id and config.train.run_id is None:
+        config = config.with_run(training_run_id(dag_run_id))
     snapshot = (
         params.get("snapshot")
         or event_extra.get("snapshot")

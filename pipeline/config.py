@@ -13,13 +13,34 @@ from pathlib import Path
 from pydantic import Field, create_model
 
 from pipeline.core.config import ConfigError, CoreConfig, load_tree
-from pipeline.stages import config_sections
+from pipeline.core.storage import validate_run_id
+from pipeline.stages import BY_NAME, config_sections
 
 __all__ = ["ConfigError", "PipelineConfig", "load_config"]
 
+
+class _PipelineTree(CoreConfig):
+    """What the whole tree knows beyond the shared sections: which stages keep one output per run."""
+
+    def keeps_runs(self, stage: str) -> bool:
+        entry = BY_NAME.get(stage)
+        return entry is not None and entry.per_run
+
+    def named_run(self, stage: str) -> str | None:
+        """Training runs name the outputs of every per-run stage (train and its report): ``train.run_id``."""
+        return self.train.run_id if self.keeps_runs(stage) else None
+
+    def with_run(self, run_id: str | None):
+        """This config naming the training run ``run_id`` (``train.run_id``); itself when that is None."""
+        if run_id is None or run_id == self.train.run_id:
+            return self
+        validate_run_id(run_id)
+        return self.model_copy(update={"train": self.train.model_copy(update={"run_id": run_id})})
+
+
 PipelineConfig = create_model(
     "PipelineConfig",
-    __base__=CoreConfig,
+    __base__=_PipelineTree,
     __doc__="Every setting of the pipeline: the shared sections plus each registered stage's.",
     **{name: (section, Field(default_factory=section)) for name, section in config_sections().items()},
 )

@@ -78,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    manifest = report.manifest()
-    train = DatasetRef.of(config, "train", args.snapshot).manifest()
+    manifest = report.manifest()  # the latest report, of the run this DAG trained
+    train = DatasetRef.of(config, "train", args.snapshot, run=manifest.extra.get("train_run")).manifest()
     minutes = (time.monotonic() - started) / 60
     print()
     print(f"pretrain-pipeline demo finished in {minutes:.1f} min")
     print(f"  data root      {config.project.data_root}/{config.project.corpus}/<stage>/{args.snapshot}/")
+    print(f"  training run   {train.path}")
     print(f"  checkpoint     {manifest.extra['checkpoint']}")
     print(
         f"  loss           {train.extra['first_loss']:.3f} -> {train.extra['final_loss']:.3f} (val {train.extra['val_loss']})"

@@ -85,6 +85,12 @@ def announce_data_root(config: PipelineConfig, stage: str, snapshot: str) -> Non
     print(f"{stage} {snapshot}: data root {config.project.data_root}", file=sys.stderr, flush=True)
 
 
+def input_run(config: PipelineConfig, snapshot: str, inputs: list[DatasetRef]) -> str | None:
+    """The run a per-run stage writes by default: the run it reads (the report of a training run is
+    filed under that run's id)."""
+    return inputs[0].run if inputs else None
+
+
 def stage_main(
     argv: list[str] | None,
     *,
@@ -94,6 +100,7 @@ def stage_main(
     component: str | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
     as_overrides: Callable[[argparse.Namespace], list[str]] | None = None,
+    name_run: Callable[[PipelineConfig, str, list[DatasetRef]], str | None] = input_run,
 ) -> int:
     """The shared body of every `python -m pipeline.<package>` entrypoint.
 
@@ -101,6 +108,8 @@ def stage_main(
     reads), sets up logging, calls ``run(config, inputs, output)`` inside an MLflow stage run
     (``pipeline.tracking.mlflow_runs``) and prints the published output folder. A stage's own options
     (``add_arguments``) are shorthands for config keys (``as_overrides``), under any explicit ``--set``.
+    A stage that keeps one output per run writes the run ``name_run(config, snapshot, inputs)`` says,
+    which the config then names.
     """
     parser = stage_parser(f"pretrain {stage}", description)
     add_input_stage_argument(parser, stage)
@@ -116,9 +125,13 @@ def stage_main(
     # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
     inputs = [DatasetRef.of(config, name, snapshot).require() for name in input_stages]
     start_logging(config, component or stage)
+    if config.keeps_runs(stage):
+        config = config.with_run(name_run(config, snapshot, inputs))
     output = DatasetRef.of(config, stage, snapshot)
+    if output.run is not None:
+        print(f"{stage} {snapshot}: run {output.run}", file=sys.stderr, flush=True)
     # One writer per output, from before Spark or MLflow start to the end (StageOutput takes it again).
-    with OutputLock(output.path, what=f"{stage} {config.project.corpus}/{snapshot}"):
+    with OutputLock(output.path, what=output.what):
         # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
         from pipeline.tracking.mlflow_runs import track_stage
 

@@ -1,7 +1,7 @@
 """The stage registry: every stage of the pipeline, declared once, in pipeline order.
 
 A stage reads the outputs of the stages it names in ``reads`` under ``<data_root>/<corpus>/<stage>/<snapshot>/``
-and writes its own. Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
+(``.../<snapshot>/<run>/`` for the per-run training stages) and writes its own. Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
 subcommands, each ``python -m pipeline.<package>`` entrypoint (its default inputs), the config tree (each
 stage's sections), the Airflow operators (how a stage runs) and the DAGs (which tasks, in which order).
 Adding a stage is one entry below.
@@ -44,6 +44,9 @@ class Stage:
     help: str
     sections: Mapping[str, type[Section]] = field(default_factory=dict)  # config sections it owns
     report: bool = False  # read by people, not by a later stage: backfills and the demo leave it out
+    # One output per training run, <stage>/<snapshot>/<run>/ with a `latest` pointer, named by train.run_id;
+    # so a second training of a snapshot (and its report) never replaces the first.
+    per_run: bool = False
 
     @property
     def entrypoint(self) -> str:
@@ -124,6 +127,7 @@ STAGES: tuple[Stage, ...] = (
         runner="torchrun",
         group="training",
         help="train the model on token shards with torchrun (DDP / ZeRO-1); launches torchrun for you",
+        per_run=True,
         sections={
             "data": DataConfig,
             "model": ModelSection,
@@ -138,6 +142,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="training",
         help="complete the training run in MLflow (metrics, plots, samples, model) and register the model",
+        per_run=True,
         sections={"tracking": TrackingConfig},
     ),
 )

@@ -28,6 +28,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_ROOT = "data"  # relative: the current directory's ./data
 
 
+# ``Field(..., json_schema_extra=NAMES_OUTPUT)``: a key that names where an output goes, not how it is made;
+# the config hash leaves it out.
+NAMES_OUTPUT = {"names_output": True}
+
+
 class ConfigError(ValueError):
     """A config value is missing, unknown or invalid; the message names the key."""
 
@@ -97,9 +102,30 @@ class CoreConfig(Section):
 
     @property
     def hash(self) -> str:
-        """Stable digest of the full resolved tree; recorded in every manifest and MLflow run."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable digest of the resolved settings; recorded in every manifest and MLflow run.
+
+        Keys that only name an output (marked ``NAMES_OUTPUT``, such as ``train.run_id``) are left out, as
+        the snapshot is: two runs of the same settings share one hash.
+        """
+        tree = self.to_dict()
+        for name in type(self).model_fields:
+            section = getattr(self, name)
+            for key, field in type(section).model_fields.items():
+                if (field.json_schema_extra or {}) == NAMES_OUTPUT:
+                    tree[name].pop(key, None)
+        canonical = json.dumps(tree, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    # Stages that keep one output per run: this module knows no stage, so here none does; the pipeline's
+    # tree (pipeline.config) answers from the stage registry.
+
+    def keeps_runs(self, stage: str) -> bool:
+        """Whether ``stage`` writes ``<stage>/<snapshot>/<run>/`` (one output per run) rather than one."""
+        return False
+
+    def named_run(self, stage: str) -> str | None:
+        """The run of ``stage``'s output this config names, if any."""
+        return None
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys to leaf values, for MLflow params."""

@@ -1,22 +1,50 @@
-"""Run a child program in its own process group, stream its output, and never leave orphans."""
+"""Run a child program in its own process group, stream its output, and never leave orphans.
+
+Orphans are ruled out from both ends: ``run_streaming`` kills the child's group when the caller fails (and
+can pass SIGTERM and SIGINT on to it and wait), and a child can ask the kernel for a signal when its parent
+dies (``die_with_parent``), so even a parent killed with SIGKILL takes its children along.
+``python -m pipeline.core.proc <parent pid> <signal> <command...>`` runs a program that way
+(``run_streaming(..., die_with_parent=SIGTERM)`` starts it so), for programs that are not ours.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from pipeline.core.locks import child_lock_environment, held_lock_fds
 
+_PR_SET_PDEATHSIG = 1
+
 
 class ChildFailedError(RuntimeError):
-    def __init__(self, cmd: Sequence[str], returncode: int) -> None:
+    def __init__(self, cmd: Sequence[str], returncode: int, stopped_by: int | None = None) -> None:
         self.cmd = list(cmd)
         self.returncode = returncode
+        self.stopped_by = stopped_by  # the signal run_streaming passed on to the child, if one did
         super().__init__(f"{os.path.basename(cmd[0])} exited with status {returncode}: {' '.join(cmd)}")
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send this process ``signum`` when ``parent_pid``, its parent, dies.
+
+    ``parent_pid`` is what the parent said it was (or read at start): a parent that died before prctl took
+    effect has already left this process to init, which the check afterwards catches. Elsewhere, a no-op.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signum))
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
 
 
 def kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -49,6 +77,28 @@ def log_child_line(logger: logging.Logger, line: str) -> None:
         logger.info("%s", line)
 
 
+@contextlib.contextmanager
+def _passed_on(process: subprocess.Popen, stopped: list[int]) -> Iterator[None]:
+    """While the block runs, SIGTERM or SIGINT to this process goes to the child's group as SIGTERM (the
+    child stops cleanly: torchrun's ranks checkpoint), a second one as SIGKILL; ``stopped`` records them.
+    Only the main thread can install handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def pass_on(signum, frame) -> None:
+        stopped.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM if len(stopped) == 1 else signal.SIGKILL)
+
+    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_streaming(
     cmd: Sequence[str],
     *,
@@ -58,15 +108,24 @@ def run_streaming(
     logger: logging.Logger | None = None,
     on_start: Callable[[subprocess.Popen], None] | None = None,
     check: bool = True,
+    die_with_parent: int | None = None,
+    forward_signals: bool = False,
 ) -> int:
     """Run cmd to completion, passing each output line to on_line (default: logger.info).
 
     Any exception in the caller's thread (KeyboardInterrupt, an Airflow task kill) kills the group.
+    ``die_with_parent=signal.SIGTERM``: the kernel sends the child that signal should this process die
+    (even by SIGKILL). ``forward_signals``: SIGTERM and SIGINT to this process stop the child instead
+    (see ``_passed_on``), and the wait goes on until it exits; the ChildFailedError then says which
+    signal (``stopped_by``). Leave it off where the caller has its own handlers (an Airflow task).
     """
     logger = logger or logging.getLogger(__name__)
     emit = on_line or (lambda line: log_child_line(logger, line))
+    argv = list(cmd)
+    if die_with_parent is not None:
+        argv = [sys.executable, "-m", __name__, str(os.getpid()), str(int(die_with_parent)), *argv]
     process = subprocess.Popen(
-        list(cmd),
+        argv,
         # The child inherits the output locks this run holds, so they last as long as it writes.
         env=child_lock_environment(dict(env) if env is not None else None),
         pass_fds=held_lock_fds(),
@@ -88,13 +147,27 @@ def run_streaming(
 
     reader = threading.Thread(target=pump, name="child-output", daemon=True)
     reader.start()
+    stopped: list[int] = []
     try:
-        returncode = process.wait()
+        with _passed_on(process, stopped) if forward_signals else contextlib.nullcontext():
+            returncode = process.wait()
     except BaseException:
         kill_group(process)
         raise
     finally:
         reader.join(timeout=5)
     if check and returncode != 0:
-        raise ChildFailedError(cmd, returncode)
+        raise ChildFailedError(cmd, returncode, stopped_by=stopped[0] if stopped else None)
     return returncode
+
+
+def _exec_dying_with_parent(argv: list[str]) -> None:
+    """``<parent pid> <signal> <command...>``: exec the command, which then gets the signal when the parent
+    dies (the death signal survives exec)."""
+    parent_pid, signum, *command = argv
+    die_with_parent(int(parent_pid), int(signum))
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    _exec_dying_with_parent(sys.argv[1:])

@@ -1,5 +1,9 @@
 """The storage contract: ``<root>/<corpus>/<stage>/<snapshot>/``, published atomically.
 
+A stage that keeps one output per run (training and its report, see ``pipeline.stages``) writes
+``<stage>/<snapshot>/<run>/`` instead, and after each publish points ``<stage>/<snapshot>/latest`` (a symlink
+replaced in one rename) at the run it published; readers that name no run read the latest complete one.
+
 A stage writes into a hidden staging folder next to its final place. On success it writes
 ``manifest.json`` and ``_SUCCESS`` into the staging folder and renames it into place, so a
 reader either sees the previous complete output or the new complete output, never a half-written one.
@@ -11,8 +15,10 @@ renamed aside first, and for that moment the path is absent: ``is_complete()`` i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
 import os
 import re
@@ -20,6 +26,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,11 +34,13 @@ from typing import Any
 
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
-from pipeline.core.locks import OutputLock
+from pipeline.core.locks import OutputLock, lock_path
 from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 STAGING_PREFIX = ".staging-"
+LATEST = "latest"  # <stage>/<snapshot>/latest -> <run>: the newest complete run of a per-run stage
+RESUMABLE_TAG = "resume"  # .staging-<name>@resume: the one staging folder a resumable stage keeps
 SWAP_TAG = "swap-"  # .staging-<snapshot>@swap-<id>: an output on its way in or out, never resumed from
 
 
@@ -63,25 +72,60 @@ def validate_snapshot(snapshot: str) -> str:
     return snapshot
 
 
+def validate_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not SNAPSHOT_PATTERN.fullmatch(run_id) or run_id == LATEST:
+        raise ConfigError(
+            f"run id {run_id!r} must match {SNAPSHOT_PATTERN.pattern} and not be {LATEST!r} "
+            "(e.g. lr-3e-3 or 20261201-101530-3f9a2c)"
+        )
+    return run_id
+
+
 @dataclass(frozen=True)
 class DatasetRef:
-    """Where one stage's output for one snapshot lives."""
+    """Where one stage's output for one snapshot lives (and, for a per-run stage, which run's)."""
 
     root: str
     corpus: str
     stage: str
     snapshot: str
+    run: str | None = None  # per-run stages (train, report): <stage>/<snapshot>/<run>/
 
     def __post_init__(self) -> None:
         validate_snapshot(self.snapshot)
+        if self.run is not None:
+            validate_run_id(self.run)
 
     @classmethod
-    def of(cls, config: CoreConfig, stage: str, snapshot: str) -> DatasetRef:
-        return cls(config.project.data_root, config.project.corpus, stage, snapshot)
+    def of(cls, config: CoreConfig, stage: str, snapshot: str, run: str | None = None) -> DatasetRef:
+        """The output of ``stage`` for ``snapshot``. For a stage that keeps one output per run: ``run``, else
+        the run the config names (``train.run_id``), else the latest complete run (none yet: the snapshot
+        folder itself, which is not complete)."""
+        ref = cls(config.project.data_root, config.project.corpus, stage, snapshot)
+        if config.keeps_runs(stage):
+            run = run or config.named_run(stage) or ref.latest_run()
+        return ref if run is None else cls(ref.root, ref.corpus, stage, snapshot, run)
+
+    @property
+    def snapshot_path(self) -> Path:
+        return local_path(self.root) / self.corpus / self.stage / self.snapshot
 
     @property
     def path(self) -> Path:
-        return local_path(self.root) / self.corpus / self.stage / self.snapshot
+        return self.snapshot_path / self.run if self.run else self.snapshot_path
+
+    def latest_run(self) -> str | None:
+        """The run the snapshot's ``latest`` pointer names: the newest complete run."""
+        try:
+            return validate_run_id(os.readlink(self.snapshot_path / LATEST))
+        except (OSError, ConfigError):
+            return None
+
+    def staging_path(self, resumable: bool = False) -> Path:
+        """The hidden folder beside ``path`` that a writer fills before publishing; a resumable stage keeps
+        one fixed folder across attempts (training resumes from its checkpoints)."""
+        suffix = RESUMABLE_TAG if resumable else uuid.uuid4().hex[:8]
+        return self.path.parent / f"{STAGING_PREFIX}{self.path.name}@{suffix}"
 
     @property
     def uri(self) -> str:
@@ -96,11 +140,17 @@ class DatasetRef:
 
     def require(self) -> DatasetRef:
         if not self.is_complete():
+            run = f" run {self.run!r}" if self.run else ""
             raise MissingInputError(
-                f"no complete {self.stage} output for snapshot {self.snapshot!r} at {self.path}; "
+                f"no complete {self.stage} output for snapshot {self.snapshot!r}{run} at {self.path}; "
                 f"run `pretrain {self.stage} --snapshot {self.snapshot}` first"
             )
         return self
+
+    @property
+    def what(self) -> str:
+        """How messages name this output: ``train sample/2026-11-29`` (``... run lr-3e-3``)."""
+        return f"{self.stage} {self.corpus}/{self.snapshot}" + (f" run {self.run}" if self.run else "")
 
 
 class StageOutput:
@@ -128,14 +178,13 @@ class StageOutput:
         self.manifest: Manifest | None = None
         self._lock: OutputLock | None = None
         self._started = 0.0
-        suffix = "resume" if resumable else uuid.uuid4().hex[:8]
-        self.path = ref.path.parent / f"{STAGING_PREFIX}{ref.snapshot}@{suffix}"
+        self.path = ref.staging_path(resumable)
 
     def __enter__(self) -> StageOutput:
         for upstream in self.inputs:
             upstream.require()
         # One writer per output for the whole block; only the holder may clear staging folders.
-        self._lock = OutputLock(self.ref.path, what=f"{self.ref.stage} {self.ref.corpus}/{self.ref.snapshot}")
+        self._lock = OutputLock(self.ref.path, what=self.ref.what)
         self._lock.acquire()
         if not self.resumable:
             self._remove_stale_staging()
@@ -159,7 +208,7 @@ class StageOutput:
         """A killed earlier attempt leaves its staging folder behind; it was never visible, so drop it."""
         parent = self.ref.path.parent
         if parent.is_dir():
-            for stale in parent.glob(f"{STAGING_PREFIX}{self.ref.snapshot}@*"):
+            for stale in parent.glob(f"{STAGING_PREFIX}{self.ref.path.name}@*"):
                 shutil.rmtree(stale, ignore_errors=True)
 
     def commit(
@@ -186,9 +235,34 @@ class StageOutput:
         )
         (self.path / MANIFEST_NAME).write_text(manifest.to_json())
         (self.path / SUCCESS_NAME).write_text("")
-        publish(self.path, self.ref.path)
+        if self.ref.run is None:
+            publish(self.path, self.ref.path)
+        else:
+            # Concurrent runs of one snapshot publish one after the other, so `latest` names the last one.
+            with _latest_pointer_lock(self.ref.snapshot_path):
+                publish(self.path, self.ref.path)
+                point_latest(self.ref.snapshot_path, self.ref.run)
         self.manifest = manifest
         return manifest
+
+
+def point_latest(snapshot_folder: Path, run: str) -> None:
+    """Point ``<snapshot_folder>/latest`` at ``run`` in one rename: a reader finds the old run or the new."""
+    temporary = snapshot_folder / f".{LATEST}.tmp-{uuid.uuid4().hex[:8]}"
+    os.symlink(run, temporary)
+    os.replace(temporary, snapshot_folder / LATEST)
+
+
+@contextlib.contextmanager
+def _latest_pointer_lock(snapshot_folder: Path) -> Iterator[None]:
+    """A short blocking lock for publish-then-point, beside the runs' own locks (.lock-<run>)."""
+    snapshot_folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(snapshot_folder / LATEST), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def publish(staging: Path, final: Path) -> None:

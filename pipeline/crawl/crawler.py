@@ -7,12 +7,10 @@ then builds the Parquet index from the journal and publishes the shard.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.proc import die_with_parent
 from pipeline.crawl.frontier import Frontier
 from pipeline.crawl.journal import Journal, JournalState, recover
 from pipeline.crawl.urls import host_of, registered_domain
@@ -312,19 +311,6 @@ def scrapy_settings(spec: CrawlSpec) -> dict[str, Any]:
     return settings
 
 
-def _die_with_parent(parent_pid: int | None) -> None:
-    """Linux: SIGKILL this crawler when the stage process that started it dies, so no orphan keeps writing."""
-    if parent_pid is None:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def crawl(spec: CrawlSpec) -> int:
     from scrapy.crawler import CrawlerProcess
 
@@ -363,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     spec = CrawlSpec.read(argv[0])
-    _die_with_parent(spec.parent_pid)
+    if spec.parent_pid is not None:
+        # SIGKILL this crawler when the stage process that started it dies, so no orphan keeps writing.
+        die_with_parent(spec.parent_pid)
     return crawl(spec)
 
 

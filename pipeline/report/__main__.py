@@ -1,8 +1,8 @@
 """`python -m pipeline.report` / `pretrain report`: record a training run in MLflow and register its model.
 
-Reads train/<snapshot>/ (checkpoints, metrics.jsonl) and completes the training's MLflow run: params,
-metrics, plots, sample generations, the model, and a Model Registry version (tracking.register_model).
-Writes report/<snapshot>/mlflow_run.json.
+Reads a training run, train/<snapshot>/<run>/ (checkpoints, metrics.jsonl; the latest complete run unless
+train.run_id names one), and completes its MLflow run: params, metrics, plots, sample generations, the
+model, and a Model Registry version (tracking.register_model). Writes report/<snapshot>/<run>/mlflow_run.json.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The report stage: complete a training snapshot's MLflow run and register its model.
+"""The report stage: complete a training run's MLflow run and register its model.
+
+One report per training run (``report/<snapshot>/<run>/`` for ``train/<snapshot>/<run>/``, by default the
+latest complete run; ``train.run_id`` names another), so a registered version points at a checkpoint in a
+run folder that no later training replaces.
 
 It finds the training run (the id the trainer put in its manifest, else the ``train`` stage run whose
 output digest matches, else it creates one nested under the training's DAG run) and makes sure it
@@ -246,6 +250,7 @@ def register(
         MODEL_ARTIFACT,
         tags={
             "snapshot": train_ref.snapshot,
+            "train_run": train_ref.run or "",
             "corpus": train_ref.corpus,
             "config_hash": train_manifest.config_hash,
             "train_digest": train_manifest.digest,
@@ -317,5 +322,6 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "model_version": record["model_version"],
                 "final_loss": train_manifest.extra.get("final_loss"),
                 "checkpoint": str(checkpoint),
+                "train_run": train_ref.run,
             },
         )

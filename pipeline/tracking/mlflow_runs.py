@@ -36,6 +36,7 @@ TAG_PARENT_KEY = "pretrain.parent_key"
 TAG_STAGE = "pretrain.stage"
 TAG_SNAPSHOT = "pretrain.snapshot"
 TAG_CORPUS = "pretrain.corpus"
+TAG_TRAIN_RUN = "pretrain.train_run"  # the training run (train.run_id) of a train or report stage run
 TAG_OUTPUT_DIGEST = "pretrain.output_digest"
 TAG_OUTPUT_PATH = "pretrain.output_path"
 PARENT_TAG = "mlflow.parentRunId"
@@ -107,11 +108,13 @@ def lineage_tags(lineage: Lineage) -> dict[str, str]:
 
 
 def stage_tags(config: PipelineConfig, stage: str, snapshot: str, lineage: Lineage) -> dict[str, str]:
+    run = config.named_run(stage)
     return {
         TAG_KIND: "stage",
         TAG_STAGE: stage,
         TAG_SNAPSHOT: snapshot,
         TAG_CORPUS: config.project.corpus,
+        **({TAG_TRAIN_RUN: run} if run else {}),
         "config_hash": config.hash,
         "git_commit": code_version(),
         **lineage_tags(lineage),
@@ -310,7 +313,8 @@ class TrackedRun:
             with contextlib.suppress(MlflowException):  # a concurrent stage may be reconciling it away
                 client.update_run(parent_id, status="RUNNING")
         try_suffix = f" (try {lineage.try_number})" if lineage.try_number and lineage.try_number > 1 else ""
-        run = client.create_run(experiment_id, run_name=f"{stage} {snapshot}{try_suffix}", tags=tags)
+        where = f"{snapshot}/{tags[TAG_TRAIN_RUN]}" if TAG_TRAIN_RUN in tags else snapshot
+        run = client.create_run(experiment_id, run_name=f"{stage} {where}{try_suffix}", tags=tags)
         tracked = cls(client, run.info.run_id, experiment_id, required=config.tracking.required)
         tracked.parent_id, tracked.parent_key = parent_id, parent_key
         if log_config:

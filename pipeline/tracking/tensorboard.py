@@ -1,9 +1,9 @@
 """TensorBoard: a small event writer for the trainer, and `pretrain tensorboard` to look at the events.
 
-The trainer writes events under ``<train output>/tensorboard/`` (while it runs, that is the staging
-folder ``<data_root>/<corpus>/train/.staging-<snapshot>@resume/``; after it commits, the snapshot folder).
-``pretrain tensorboard --snapshot S`` finds whichever exists and starts ``tensorboard --logdir`` on it;
-without ``--snapshot`` it shows every training snapshot of the corpus side by side.
+The trainer writes events under ``<train output>/tensorboard/`` (while it runs, that is the run's staging
+folder ``<data_root>/<corpus>/train/<snapshot>/.staging-<run>@resume/``; after it commits, the run's folder).
+``pretrain tensorboard --snapshot S`` shows every run of the snapshot side by side, running ones too
+(``--set train.run_id=R``: that run only, wherever it is); without ``--snapshot``, every training snapshot.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
-from pipeline.core.storage import STAGING_PREFIX, local_path
+from pipeline.core.storage import DatasetRef, local_path
 
 EVENTS_FOLDER = "tensorboard"
 
@@ -62,14 +62,18 @@ class TensorBoardWriter:
 
 
 def snapshot_logdir(config: PipelineConfig, snapshot: str | None) -> Path:
-    """The events of one training snapshot (published, else still running), or of all snapshots."""
+    """The events of the training run ``train.run_id`` names (published, else still running), of every run
+    of a snapshot (running ones too), or of every snapshot."""
     train_root = local_path(config.project.data_root) / config.project.corpus / "train"
     if snapshot is None:
         return train_root
-    for candidate in (train_root / snapshot, train_root / f"{STAGING_PREFIX}{snapshot}@resume"):
+    if config.train.run_id is None:
+        return DatasetRef.of(config, "train", snapshot).snapshot_path
+    run = DatasetRef.of(config, "train", snapshot)
+    for candidate in (run.path, run.staging_path(resumable=True)):
         if tensorboard_dir(candidate).is_dir():
             return tensorboard_dir(candidate)
-    return tensorboard_dir(train_root / snapshot)
+    return tensorboard_dir(run.path)
 
 
 def tensorboard_command(logdir: Path, host: str, port: int) -> list[str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.core.config import Section
+from pipeline.core.config import NAMES_OUTPUT, Section
+from pipeline.core.storage import validate_run_id
 
 # Sane bounds, checked before any work: a typo such as a 23-digit step count or a 10^8-token sequence
 # otherwise runs until killed or dies allocating the RoPE tables.
@@ -58,10 +59,19 @@ class TrainConfig(Section):
     )
     checkpoint_every: int = Field(20, gt=0, description="also on SIGTERM and at the end")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
+    run_id: str | None = Field(
+        None,
+        json_schema_extra=NAMES_OUTPUT,
+        description="the training run, stored in train/<snapshot>/<run_id>/ (its report in "
+        "report/<snapshot>/<run_id>/); unset: with resume the newest unfinished run of the same settings, "
+        "else a new one named after its start time. Name a run to continue it or to name a new one; a "
+        "complete run is never trained again",
+    )
     resume: bool = Field(
         True,
-        description="continue from the newest checkpoint of this snapshot's unfinished run; "
-        "false discards it and starts over",
+        description="continue the newest unfinished run of this snapshot trained with the same settings "
+        "(or the one train.run_id names) from its newest checkpoint; false starts a new run, or starts the "
+        "named one over",
     )
     peak_flops: float | None = Field(
         None,
@@ -83,6 +93,11 @@ class TrainConfig(Section):
         description="torch intra-op threads (and OMP_NUM_THREADS) of each rank; default: OMP_NUM_THREADS "
         "when set, else the process's usable cores (CPU affinity) / nproc_per_node, at least 1",
     )
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_name(cls, run_id: str | None) -> str | None:
+        return None if run_id is None else validate_run_id(run_id)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -1,10 +1,12 @@
 """Fault injection for chaos testing: deliver a real signal at an exact step of one rank.
 
-``PRETRAIN_TRAIN_FAULT="<SIGNAL>@<step>[:rank=<r>][:to=self|launcher]"``, e.g.
+``PRETRAIN_TRAIN_FAULT="<SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain]"``, e.g.
 
 - ``SIGKILL@7:rank=1`` kills worker rank 1 after its step 7 (torchrun then restarts the group);
 - ``SIGTERM@5:rank=0:to=launcher`` sends SIGTERM to the torchrun agent, as a scheduler preempting the job
-  would; the agent passes it to every worker.
+  would; the agent passes it to every worker;
+- ``SIGKILL@3:to=pretrain`` kills `pretrain train` itself, the process above torchrun (its pid comes in
+  ``PRETRAIN_TRAIN_LAUNCHER_PID``), as a user or a scheduler killing the command would.
 
 It fires in the first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so a restarted group runs
 through. Unset (the normal case) it costs one comparison per step.
@@ -22,9 +24,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 ENV_FAULT = "PRETRAIN_TRAIN_FAULT"
+ENV_LAUNCHER_PID = "PRETRAIN_TRAIN_LAUNCHER_PID"  # set by `pretrain train` for its torchrun (to=pretrain)
 _SPEC = re.compile(
-    r"^(?P<signal>SIG[A-Z0-9]+)@(?P<step>\d+)(?::rank=(?P<rank>\d+))?(?::to=(?P<to>self|launcher))?$"
+    r"^(?P<signal>SIG[A-Z0-9]+)@(?P<step>\d+)(?::rank=(?P<rank>\d+))?(?::to=(?P<to>self|launcher|pretrain))?$"
 )
+_UPSTREAM = ("launcher", "pretrain")  # targets that pass a SIGTERM on to every worker
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class Fault:
     def parse(cls, spec: str) -> Fault:
         match = _SPEC.match(spec.strip())
         if not match or not hasattr(signal, match["signal"]):
-            raise ValueError(f"{ENV_FAULT}={spec!r}: expected <SIGNAL>@<step>[:rank=<r>][:to=self|launcher]")
+            raise ValueError(
+                f"{ENV_FAULT}={spec!r}: expected <SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain]"
+            )
         return cls(
             signal=signal.Signals[match["signal"]],
             step=int(match["step"]),
@@ -62,17 +68,23 @@ def fault_for(rank: int, environ: dict[str, str] | None = None) -> Fault | None:
 def maybe_inject(
     fault: Fault | None, step: int, delivered: Callable[[], bool] | None = None, wait_s: float = 60.0
 ) -> None:
-    """Send the fault's signal after ``step``. Sent to the launcher, which passes SIGTERM on to every worker,
-    it waits until ``delivered()`` says this rank got it too, so the ranks agree to stop after this very step
-    rather than whichever step the forwarded signal happens to reach."""
+    """Send the fault's signal after ``step``. Sent upstream (the torchrun agent or `pretrain train`), whose
+    SIGTERM (or, killed, death signal) comes back to every worker, it waits until ``delivered()`` says this
+    rank got it too, so the ranks agree to stop after this very step rather than whichever step the
+    forwarded signal happens to reach."""
     if fault is None or step != fault.step:
         return
-    target = os.getppid() if fault.to == "launcher" else os.getpid()
+    targets = {
+        "self": os.getpid,
+        "launcher": os.getppid,
+        "pretrain": lambda: int(os.environ[ENV_LAUNCHER_PID]),
+    }
+    target = targets[fault.to]()
     log.warning("fault injection: sending %s to pid %d after step %d", fault.signal.name, target, step)
     for handler in logging.getLogger().handlers:
         handler.flush()
     os.kill(target, fault.signal)
-    if fault.to == "launcher" and delivered is not None:
+    if fault.to in _UPSTREAM and delivered is not None:
         deadline = time.monotonic() + wait_s
         while not delivered() and time.monotonic() < deadline:
             time.sleep(0.01)

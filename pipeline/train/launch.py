@@ -9,21 +9,39 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
-from pipeline.core.config import ENV_PREFIX
+from pipeline.core.config import ENV_PREFIX, ConfigError
 from pipeline.core.locks import OutputLock
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
-from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.core.storage import DatasetRef
 from pipeline.train.config import TrainConfig
+from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
+from pipeline.train.faults import ENV_LAUNCHER_PID
+from pipeline.train.runs import record_run, resolve_run
 from pipeline.train.threads import OMP_NUM_THREADS, threads_per_rank
 
 log = logging.getLogger(__name__)
 DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
+
+
+def name_run(config: PipelineConfig, snapshot: str, inputs: list[DatasetRef] = ()) -> str:
+    """The run this launcher trains (``pipeline.train.runs.resolve_run``). Every node of a multi-node
+    training runs its own launcher, and they must all train one run, so there the config must name it."""
+    if config.train.nnodes > 1 and config.train.run_id is None:
+        raise ConfigError(
+            f"train.nnodes={config.train.nnodes}: every node's launcher must train the same run; name it with "
+            "train.run_id=<name>, the same on every node"
+        )
+    return resolve_run(config, snapshot)
 
 
 def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, input_stage: str) -> list[str]:
@@ -31,7 +49,7 @@ def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, i
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "pipeline.train.agent",  # torchrun (torch.distributed.run), one line instead of a traceback when stopped
         f"--nproc-per-node={train.nproc_per_node}",
         f"--max-restarts={train.max_restarts}",
     ]
@@ -39,11 +57,12 @@ def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, i
         command.append("--standalone")
     else:
         nodes = f"{train.min_nnodes}:{train.nnodes}" if train.min_nnodes is not None else str(train.nnodes)
+        run = f"-{train.run_id}" if train.run_id else ""
         command += [
             f"--nnodes={nodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={settings.rdzv_endpoint or DEFAULT_RDZV_ENDPOINT}",
-            f"--rdzv-id={settings.rdzv_id or f'{config.project.corpus}-{snapshot}'}",
+            f"--rdzv-id={settings.rdzv_id or f'{config.project.corpus}-{snapshot}{run}'}",
         ]
     return [
         *command,
@@ -82,35 +101,84 @@ def prepare_torchrun(config: PipelineConfig, tokens: DatasetRef, snapshot: str) 
     tokens.require()
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
-    config_path = folder / f"train-{snapshot}-config.yaml"
+    run = f"-{config.train.run_id}" if config.train.run_id else ""  # runs launched together stay apart
+    config_path = folder / f"train-{snapshot}{run}-config.yaml"
     config_path.write_text(config.to_yaml())
     return torchrun_command(config, config_path, snapshot, tokens.stage)
 
 
-def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    (tokens,) = inputs
-    command = prepare_torchrun(config, tokens, output.snapshot)
-    log.info("launching: %s", " ".join(command))
-    # Ranks format their own console lines; pass them through untouched. The output's lock is held from
-    # here for the whole run: torchrun inherits it, and rank 0 publishes under it.
+def train(
+    config: PipelineConfig,
+    tokens: DatasetRef,
+    snapshot: str,
+    *,
+    on_line: Callable[[str], None],
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    forward_signals: bool = False,
+) -> Manifest:
+    """Train a run of ``snapshot`` with torchrun on this machine: the run the config names, else the one
+    ``name_run`` picks (new or resumed); returns its manifest.
+
+    The run's lock is held from here for the whole training: torchrun inherits it, and rank 0 publishes
+    under it. The run's staging folder and ``run.json`` are written first, so a second launcher with the
+    same settings finds this run (and its holder) at once instead of starting one of its own.
+
+    No orphans: torchrun gets SIGTERM from the kernel should this process die, even by SIGKILL (it then
+    stops its ranks, which checkpoint), and each rank gets SIGKILL should torchrun die (``__main__``). With
+    ``forward_signals`` (the CLI) SIGTERM or SIGINT to this process is passed on to torchrun and the wait
+    goes on, so the ranks checkpoint and stop, then ``TrainingStopped`` says where; a second one kills
+    the group. An Airflow task leaves it off: Airflow's own handler kills the group (``on_kill``).
+    """
+    config = config.with_run(name_run(config, snapshot))
+    output = DatasetRef.of(config, "train", snapshot)
+    command = prepare_torchrun(config, tokens, snapshot)
+    log.info("run %s: launching %s", output.run, " ".join(command))
+    staging = output.staging_path(resumable=True)
+    failures = prepare_failures_folder(config, snapshot, output.run)
+    env = {**child_environment(config.train), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
     try:
-        with OutputLock(output.path, what=f"train {output.corpus}/{output.snapshot}"):
+        with OutputLock(output.path, what=output.what):
+            record_run(staging, config, output.run)
             run_streaming(
                 command,
-                env=child_environment(config.train),
-                on_line=lambda line: print(line, file=sys.stderr, flush=True),
+                env=env,
+                on_line=on_line,
+                on_start=on_start,
+                die_with_parent=signal.SIGTERM,
+                forward_signals=forward_signals,
             )
-    except ChildFailedError:
+    except ChildFailedError as failed:
         from pipeline.train.components.checkpoint import Checkpointer
 
-        staging = StageOutput(output, config, inputs, resumable=True).path
-        steps = Checkpointer(staging / "checkpoints").steps()
-        if steps:
-            log.error(
-                "training did not finish; its newest checkpoint is step %d in %s: run the same command again "
-                "to resume from there",
-                steps[-1],
-                staging / "checkpoints",
-            )
-        raise
+        checkpoints = Checkpointer(staging / "checkpoints")
+        steps = checkpoints.steps()
+        if failed.stopped_by is not None:
+            newest = steps[-1] if steps else None
+            raise TrainingStopped(
+                newest,
+                checkpoints.path_for(newest) if steps else None,
+                signal.Signals(failed.stopped_by).name,
+            ) from None
+        resume = f"resumes from step {steps[-1]}" if steps else "starts over (no checkpoint yet)"
+        raise failure_summary(failed, read_failures(failures), f"run {output.run} {resume}") from None
     return output.manifest()
+
+
+def prepare_failures_folder(config: PipelineConfig, snapshot: str, run: str) -> Path:
+    """Where this launch's ranks record their failures (``pipeline.train.failures``); emptied first."""
+    folder = run_folder(config) / f"train-{snapshot}-{run}-failures"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    """The train stage's launcher (`pretrain train`): ranks format their own console lines, passed through."""
+    (tokens,) = inputs
+    return train(
+        config.with_run(output.run),  # stage_main names it; called directly, the output may name none
+        tokens,
+        output.snapshot,
+        on_line=lambda line: print(line, file=sys.stderr, flush=True),
+        forward_signals=True,
+    )

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
+from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader, build_train_loader
@@ -55,9 +56,11 @@ from pipeline.train.components.metrics import (
 )
 from pipeline.train.components.optimizer import OptimizerState, build_optimizer
 from pipeline.train.compression import CompressionState, GradientCompression, build_compression
+from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
 from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
+from pipeline.train.runs import identity_differences, record_run, resolve_run, resume_identity, run_ref
 from pipeline.train.threads import set_rank_threads
 
 if TYPE_CHECKING:
@@ -66,34 +69,8 @@ if TYPE_CHECKING:
     from pipeline.tracking.tensorboard import TensorBoardWriter
 
 log = logging.getLogger(__name__)
-STAGE = "train"
 METRICS_FILE = "metrics.jsonl"
-EXIT_STOPPED = 128 + signal.SIGTERM  # the exit status of a run stopped by SIGTERM after its checkpoint
-
-# Settings a checkpoint must share with the run resuming it: the model, the data order and the optimisation
-# trajectory. Everything else (ranks, batch split, logging, compression, ZeRO) may change between attempts.
-RESUME_SETTINGS = (
-    "model.",
-    "data.",
-    "project.seed",
-    "train.seq_len",
-    "train.steps",
-    "train.lr",
-    "train.min_lr_ratio",
-    "train.warmup_steps",
-    "train.weight_decay",
-    "train.betas",
-    "train.precision",
-)
-
-
-class TrainingStopped(Exception):
-    """SIGTERM arrived; the run saved a checkpoint at ``step`` and stopped. Run it again to continue."""
-
-    def __init__(self, step: int, checkpoint: Path) -> None:
-        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint {checkpoint}; rerun to resume")
-        self.step = step
-        self.checkpoint = checkpoint
+__all__ = ["EXIT_STOPPED", "Trainer", "TrainingStopped", "train"]
 
 
 def build_model_config(config: PipelineConfig, vocab_size: int) -> GPTConfig:
@@ -102,27 +79,6 @@ def build_model_config(config: PipelineConfig, vocab_size: int) -> GPTConfig:
         vocab_size=vocab_size,
         max_position_embeddings=max(base.max_position_embeddings, config.train.seq_len),
     )
-
-
-def resume_identity(config: PipelineConfig) -> dict[str, Any]:
-    flat = config.flat()
-    return {
-        key: value
-        for key, value in sorted(flat.items())
-        if any(
-            key == setting or (setting.endswith(".") and key.startswith(setting))
-            for setting in RESUME_SETTINGS
-        )
-    }
-
-
-def identity_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    keys = sorted(set(saved) | set(current))
-    return [
-        f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}"
-        for key in keys
-        if saved.get(key) != current.get(key)
-    ]
 
 
 class StopSignal:
@@ -156,6 +112,7 @@ class Trainer(Stateful):
     config: PipelineConfig
     train_config: TrainConfig  # config.train
     snapshot: str
+    run_id: str  # the training run: train/<snapshot>/<run_id>/
     ctx: DistributedContext
     device: torch.device
     tokens_ref: DatasetRef
@@ -183,6 +140,7 @@ class Trainer(Stateful):
         self.config = config
         self.train_config = config.train
         self.snapshot = snapshot
+        self._stop: StopSignal | None = None
         self.ctx: DistributedContext = init_distributed(config)
         try:
             self._build(input_stage)
@@ -204,14 +162,19 @@ class Trainer(Stateful):
         seed_everything(config.project.seed)  # the same initial weights on every rank
         self.model = GPT(self.model_config).to(self.device)
 
+        self.run_id = self._agree_on_run()
+        self.config = config = config.with_run(self.run_id)  # what the metrics sinks and checkpoints record
         self.output = StageOutput(
-            DatasetRef.of(config, STAGE, self.snapshot), config, [self.tokens_ref], resumable=True
+            run_ref(config, self.snapshot, self.run_id), config, [self.tokens_ref], resumable=True
         )
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         if ctx.is_main:
-            if not train.resume and self.output.path.exists():
-                log.warning("train.resume=false: discarding the unfinished run in %s", self.output.path)
+            # Only when the training starts: a restart after a failure continues what this one began.
+            if not train.resume and self.restarts == 0 and self.output.path.exists():
+                log.warning("train.resume=false: starting run %s over (%s)", self.run_id, self.output.path)
                 shutil.rmtree(self.output.path)
             self.output.__enter__()
+            record_run(self.output.path, config, self.run_id)
         ctx.barrier()
 
         self.precision = MixedPrecision(train.precision, self.device)
@@ -243,7 +206,6 @@ class Trainer(Stateful):
 
         self.step = 0
         self.tokens_seen = 0
-        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         own_parts: dict[str, Stateful] = {"rng": RNGState(self.device)}
         if self.compression is not None:
             own_parts["compression"] = CompressionState(self.compression, self.device)
@@ -314,6 +276,19 @@ class Trainer(Stateful):
         self._step_tokens = 0
         self._grad_norm = torch.zeros((), device=self.device)
 
+    def _agree_on_run(self) -> str:
+        """The run to write: the one the config names (the launcher names it), else rank 0's choice."""
+        decision: dict[str, str] = {}
+        if self.ctx.is_main:
+            try:
+                decision = {"run": resolve_run(self.config, self.snapshot)}
+            except ConfigError as exc:
+                decision = {"error": str(exc)}
+        decision = self.ctx.broadcast_object(decision)
+        if "error" in decision:
+            raise ConfigError(decision["error"])
+        return decision["run"]
+
     def _placeholder_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (self.train_config.batch_size, self.train_config.seq_len)
         zeros = torch.zeros(shape, dtype=torch.long, device=self.device)
@@ -338,11 +313,11 @@ class Trainer(Stateful):
                     )
                     if differences:
                         decision = {
-                            "error": f"the unfinished run in {self.output.path} (checkpoint of step {step}) was "
-                            "trained with other settings:\n  "
+                            "error": f"the unfinished run {self.run_id} in {self.output.path} (checkpoint of "
+                            f"step {step}) was trained with other settings:\n  "
                             + "\n  ".join(differences)
-                            + "\nresume with the "
-                            "same settings, use another --snapshot, or set train.resume=false to discard it"
+                            + "\nresume it with the same settings, leave train.run_id unset for a new run, "
+                            "or set train.resume=false to start this one over"
                         }
                     else:
                         decision = {"step": step}
@@ -362,6 +337,11 @@ class Trainer(Stateful):
             self.ctx.world_size,
         )
         seed_everything(self.config.project.seed + 1_000_003 * (self.ctx.rank + 1) + self.step)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether SIGTERM asked this rank to stop (the job is being stopped, or preempted)."""
+        return self._stop is not None and self._stop.received
 
     # --- checkpoint part ``train_state`` ----------------------------------------------------------------
 
@@ -490,6 +470,7 @@ class Trainer(Stateful):
         )
         try:
             with StopSignal() as stop:
+                self._stop = stop
                 while self.step < train.steps:
                     self.train_step()
                     progress.update(1)
@@ -571,6 +552,7 @@ class Trainer(Stateful):
                     "grad_compression": self.train_config.grad_compression,
                     "model_config": asdict(self.model_config),
                     "mlflow_run_id": self.metrics.mlflow_run_id,
+                    "run_id": self.run_id,
                 },
             )
             log.info(
@@ -585,15 +567,20 @@ class Trainer(Stateful):
 
 
 def _truncate_metrics(path: Path, after_step: int) -> None:
-    """A resumed run redoes the steps after its checkpoint, so drop any lines logged past it."""
+    """A resumed run redoes the steps after its checkpoint, so drop any lines logged past it.
+
+    A last line without its newline was torn by a kill mid-write; it is dropped, as the log shipper leaves a
+    line alone until its newline arrives. The file is replaced atomically, so a kill here loses nothing.
+    """
     if not path.exists():
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["step"] <= after_step
-    ]
-    path.write_text("".join(line + "\n" for line in kept))
+    *complete, torn = path.read_bytes().split(b"\n")
+    if torn:
+        log.warning("%s: dropping a torn last line (%d bytes, no newline)", path, len(torn))
+    kept = [line for line in complete if line.strip() and json.loads(line)["step"] <= after_step]
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(b"".join(line + b"\n" for line in kept))
+    os.replace(temporary, path)
 
 
 def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> Manifest | None:

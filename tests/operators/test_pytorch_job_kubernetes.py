@@ -99,7 +99,11 @@ def test_job_is_created_watched_logged_and_deleted(server, tmp_path, capsys):
 
     capsys.readouterr()
     path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
-    assert path == str(tmp_path / "data" / "sample" / "train" / "2026-11-29")
+    # The pods train the run named after the job (no train.run_id given), so a resubmitted job resumes it.
+    assert path == str(tmp_path / "data" / "sample" / "train" / "2026-11-29" / name)
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    variables = {item["name"]: item["value"] for item in master["env"]}
+    assert yaml.safe_load(variables["PRETRAIN_CONFIG_YAML"])["train"]["run_id"] == name
     task_log = capsys.readouterr().out
     assert "] rank0: step 2 loss 4.0 " in task_log  # the master pod's log, one task-log line per line
     assert server.count("GET", "/log") == 1
@@ -158,7 +162,7 @@ def test_retry_after_a_succeeded_job_completes_without_resubmitting(server, tmp_
     server.seed(body, script=["Succeeded"], step=1)
 
     path = operator(tmp_path).execute({"ti": TaskTry(try_number=2)})  # no TaskDeferred: nothing to wait for
-    assert path.endswith("/train/2026-11-29")
+    assert path.endswith(f"/train/2026-11-29/{body['metadata']['name']}")
     assert server.count("POST") == 0 and server.count("DELETE") == 1
 
 

@@ -126,8 +126,11 @@ def test_training_run_holds_params_metrics_artifacts_and_tags(trained):
     )
     assert tags["airflow.try_number"] == "1" and tags["config_hash"] == train.config_hash
     assert tags["git_commit"] == train.code_version
-    expected_params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.flat().items()}
+    # The config as the launcher ran it: naming the training run it chose (the report reads that run).
+    ran_with = config.with_run(train.extra["run_id"])
+    expected_params = {k: v if isinstance(v, str) else json.dumps(v) for k, v in ran_with.flat().items()}
     assert run.data.params == expected_params
+    assert tags["pretrain.train_run"] == train.extra["run_id"] == report.extra["train_run"]
 
     history = [
         json.loads(line) for line in (DatasetRef.of(config, "train", snapshot).path / "metrics.jsonl").open()

@@ -48,19 +48,22 @@ def train_root(tmp_path):
     return tmp_path / "data" / "sample" / "train"
 
 
-def test_command_finds_the_published_or_the_running_snapshot(tmp_path, capsys):
+def test_command_shows_a_snapshots_runs_or_finds_the_named_run_published_or_running(tmp_path, capsys):
     common = ["--set", f"project.data_root={tmp_path / 'data'}", "--print-command"]
-    running = train_root(tmp_path) / f"{STAGING_PREFIX}s1@resume" / "tensorboard"
+    snapshot = train_root(tmp_path) / "s1"
+    running = snapshot / f"{STAGING_PREFIX}r1@resume" / "tensorboard"
     running.mkdir(parents=True)
     assert main([*common, "--snapshot", "s1", "--port", "7007"]) == 0
     command = capsys.readouterr().out.split()
-    assert command[command.index("--logdir") + 1] == str(running)
+    assert command[command.index("--logdir") + 1] == str(snapshot)  # every run of the snapshot
     assert command[command.index("--port") + 1] == "7007" and "tensorboard.main" in command
 
-    published = train_root(tmp_path) / "s1" / "tensorboard"
+    main([*common, "--snapshot", "s1", "--set", "train.run_id=r1"])
+    assert f"--logdir {running} " in capsys.readouterr().out
+    published = snapshot / "r1" / "tensorboard"
     published.mkdir(parents=True)
-    main([*common, "--snapshot", "s1"])
-    assert str(published) in capsys.readouterr().out
+    main([*common, "--snapshot", "s1", "--set", "train.run_id=r1"])
+    assert f"--logdir {published} " in capsys.readouterr().out
     main(common)
     assert f"--logdir {train_root(tmp_path)} " in capsys.readouterr().out
 
@@ -87,7 +90,7 @@ def test_missing_events_are_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_pretrain_tensorboard_serves_the_snapshot_runs(tmp_path):
-    events = train_root(tmp_path) / "s1" / "tensorboard"
+    events = train_root(tmp_path) / "s1" / "r1" / "tensorboard"
     writer = TensorBoardWriter(events)
     writer.scalars({"loss": 3.0}, 1)
     writer.close()
@@ -125,11 +128,11 @@ def test_pretrain_tensorboard_serves_the_snapshot_runs(tmp_path):
             assert process.poll() is None, "tensorboard exited"
             assert time.monotonic() < deadline, "tensorboard did not come up"
             time.sleep(0.3)
-        assert runs == ["."]
+        assert runs == ["r1/tensorboard"]
         tags = json.loads(
             urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5).read()
         )
-        assert "train/loss" in tags["."]
+        assert "train/loss" in tags["r1/tensorboard"]
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
+import pytest
 
 from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef, StageOutput
@@ -112,8 +118,116 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# --- processes: every multi-process test kills what it started, whatever happens ----------------------
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and every descendant (torchrun starts each rank in a session of its own)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [process for process in processes if running(process)]
+
+
+def processes_mentioning(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (a test's own data root: its config file is in
+    the argv of the launcher, the torchrun agent and every rank), wherever they were reparented."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(process.info["cmdline"] or []) and alive([process]):
+            found.append(process)
+    return found
+
+
+def wait_gone(processes: list[psutil.Process], timeout_s: float = 120) -> list[psutil.Process]:
+    """Wait until every process has exited; returns (after SIGKILLing them) those still alive past the guard."""
+    _, still_alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in still_alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return still_alive
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the process's group (it was started in a session of its own) and every descendant."""
+    tree = process_tree(process.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for member in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+
+
+def start(command: list[str], env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """``command`` in a session of its own (so the test can kill its group), stdout and stderr merged."""
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
+
+
+def finish(process: subprocess.Popen, expect_success: bool = True, timeout_s: float = 300) -> str:
+    """Wait for the process and return its output; past ``timeout_s`` (a guard against a hang, not a speed
+    check) its whole tree is killed and the test fails."""
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(process)
+        output, _ = process.communicate()
+        pytest.fail(f"{process.args[:4]} still running after {timeout_s} s; killed:\n{output[-5000:]}")
+    if expect_success:
+        assert process.returncode == 0, output[-5000:]
+    return output
+
+
+@contextlib.contextmanager
+def hard_timeout(process: subprocess.Popen, timeout_s: float = 300) -> Iterator[subprocess.Popen]:
+    """For a test that talks to the process while it runs: past ``timeout_s`` its tree is killed (so any
+    read from it ends), and it is killed when the block ends in any case."""
+    timer = threading.Timer(timeout_s, kill_tree, args=(process,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield process
+    finally:
+        timer.cancel()
+        kill_tree(process)
+        process.communicate()
+
+
+def pretrain_train(config_path: Path, snapshot: str, *overrides: str) -> list[str]:
+    """The `pretrain train` launcher's command line."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.train",
+        "--config",
+        str(config_path),
+        "--snapshot",
+        snapshot,
+        *sets,
+    ]
+
+
 def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, str] | None = None, **popen):
-    """Start ``torchrun <args> -m pipeline.train`` on a written config; returns the Popen."""
+    """Start ``torchrun <args> -m pipeline.train`` on a written config; returns the Popen (see ``finish``)."""
     command = [
         sys.executable,
         "-m",
@@ -127,9 +241,7 @@ def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, s
         snapshot,
     ]
     environment = {**child_environment(), "OMP_NUM_THREADS": "1", **(env or {})}  # what the stage passes
-    return subprocess.Popen(
-        command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
-    )
+    return start(command, env=environment, **popen)
 
 
 def train_config(data_root: Path, *overrides: str) -> PipelineConfig:
@@ -163,10 +275,15 @@ def single_process(config: PipelineConfig, tmp_path: Path) -> PipelineConfig:
     )
 
 
+def unfinished_run(config: PipelineConfig, snapshot: str) -> Path:
+    """The staging folder of the snapshot's one unfinished training run."""
+    (staging,) = DatasetRef.of(config, "train", snapshot).snapshot_path.glob(".staging-*@resume")
+    return staging
+
+
 def losses(config: PipelineConfig, snapshot: str, staging: bool = False) -> list[float]:
-    """The logged training losses of a run, by step (the published output, or the unfinished staging one)."""
-    ref = DatasetRef.of(config, "train", snapshot)
-    path = StageOutput(ref, config, [], resumable=True).path if staging else ref.path
+    """The logged training losses of a run, by step (the latest complete run, or the one unfinished run)."""
+    path = unfinished_run(config, snapshot) if staging else DatasetRef.of(config, "train", snapshot).path
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     return [row["loss"] for row in rows if "loss" in row]
 

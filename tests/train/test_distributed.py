@@ -9,15 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.core.storage import DatasetRef
 from pipeline.train.components.checkpoint import Checkpointer
 from pipeline.train.trainer import train
 from tests.train.support import (
+    finish,
     free_port,
     losses,
     single_process,
     torchrun,
     train_config,
+    unfinished_run,
     write_config,
     write_token_corpus,
 )
@@ -31,13 +33,6 @@ def prepared(root: Path, *overrides: str):
     config = train_config(root / "data", *overrides)
     write_token_corpus(config, SNAPSHOT)
     return config, write_config(config, root / "config.yaml")
-
-
-def finish(process, expect_success: bool = True) -> str:
-    output, _ = process.communicate(timeout=240)  # a guard against a hang, not a speed check
-    if expect_success:
-        assert process.returncode == 0, output[-5000:]
-    return output
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +107,7 @@ def test_preempted_job_checkpoints_and_resumes_on_one_process(reference, tmp_pat
         torchrun(STANDALONE, path, SNAPSHOT, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@5:rank=0:to=launcher"}),
         expect_success=False,
     )
-    staging = StageOutput(DatasetRef.of(config, "train", SNAPSHOT), config, [], resumable=True).path
-    checkpoints = Checkpointer(staging / "checkpoints")
+    checkpoints = Checkpointer(unfinished_run(config, SNAPSHOT) / "checkpoints")
     assert checkpoints.steps()[-1] == 5, output[-5000:]
     state = checkpoints.load(5)
     assert len(state["rank_states"]["ranks"]) == 2

@@ -8,11 +8,12 @@ import logging
 import pytest
 import torch
 
-from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.train.components.checkpoint import Checkpointer
+from pipeline.core.storage import DatasetRef
+from pipeline.train.components.checkpoint import Checkpointer, CheckpointError
 from pipeline.train.faults import ENV_FAULT
+from pipeline.train.runs import RunRecord
 from pipeline.train.trainer import Trainer, TrainingStopped, train
-from tests.train.support import losses, single_process, train_config, write_token_corpus
+from tests.train.support import losses, single_process, train_config, unfinished_run, write_token_corpus
 
 SNAPSHOT = "resume"
 # fp16 with a loss scaler, two micro-batches and dropout: every piece of state a resume must restore matters.
@@ -40,8 +41,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def checkpoints_of(config) -> Checkpointer:
-    staging = StageOutput(DatasetRef.of(config, "train", SNAPSHOT), config, [], resumable=True).path
-    return Checkpointer(staging / "checkpoints")
+    return Checkpointer(unfinished_run(config, SNAPSHOT) / "checkpoints")
 
 
 def stop_at(config, step: int, monkeypatch) -> TrainingStopped:
@@ -81,6 +81,19 @@ def test_sigterm_checkpoints_and_resume_repeats_the_uninterrupted_run_bit_for_bi
     assert_same_run(single_process(config, tmp_path), uninterrupted)
 
 
+def test_a_torn_last_metrics_line_is_dropped_and_the_run_resumes(uninterrupted, tmp_path, monkeypatch):
+    """Killed mid-write, the metrics file ends in half a line; it used to fail every resume with a
+    JSONDecodeError although the checkpoint was fine."""
+    config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
+    write_token_corpus(config, SNAPSHOT)
+    stop_at(config, 5, monkeypatch)
+    metrics = checkpoints_of(config).folder.parent / "metrics.jsonl"
+    with metrics.open("ab") as handle:  # cut inside a two-byte character, as a kill can leave it
+        handle.write('{"step": 6, "loss": 1.25, "note": "\u00e9'.encode()[:-1])
+
+    assert_same_run(single_process(config, tmp_path), uninterrupted)
+
+
 def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     uninterrupted, tmp_path, monkeypatch, caplog
 ):
@@ -103,15 +116,30 @@ def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     assert losses(config, SNAPSHOT) == expected_losses
 
 
-def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path, monkeypatch):
+def test_other_settings_start_a_new_run_and_resuming_the_old_one_with_them_is_refused(tmp_path, monkeypatch):
     config = single_process(train_config(tmp_path / "data", *SETTINGS), tmp_path)
     write_token_corpus(config, SNAPSHOT)
     stop_at(config, 2, monkeypatch)
+    stopped = unfinished_run(config, SNAPSHOT)
+    stopped_run = RunRecord.read(stopped).run_id
+
+    # Another learning rate is another run (a sweep): the stopped one is left for its own settings.
     changed = single_process(train_config(tmp_path / "data", *SETTINGS, "train.lr=0.01"), tmp_path)
-    with pytest.raises(Exception, match=r"train\.lr: checkpoint 0\.003, this run 0\.01"):
-        train(changed, SNAPSHOT)
-    # train.resume=false discards the unfinished run and starts over.
-    fresh = single_process(
-        train_config(tmp_path / "data", *SETTINGS, "train.lr=0.01", "train.resume=false"), tmp_path
+    other = train(changed, SNAPSHOT)
+    assert other.rows["steps"] == 9 and other.extra["run_id"] != stopped_run
+    assert unfinished_run(config, SNAPSHOT) == stopped
+
+    # Naming the stopped run with the other learning rate is refused, saying what differs.
+    named = single_process(
+        train_config(tmp_path / "data", *SETTINGS, "train.lr=0.01", f"train.run_id={stopped_run}"), tmp_path
     )
-    assert train(fresh, SNAPSHOT).rows["steps"] == 9
+    with pytest.raises(CheckpointError, match=r"train\.lr: checkpoint 0\.003, this run 0\.01"):
+        train(named, SNAPSHOT)
+    # train.resume=false starts the named run over.
+    fresh = single_process(
+        train_config(
+            tmp_path / "data", *SETTINGS, "train.lr=0.01", f"train.run_id={stopped_run}", "train.resume=false"
+        ),
+        tmp_path,
+    )
+    assert train(fresh, SNAPSHOT).extra["run_id"] == stopped_run

@@ -86,7 +86,7 @@ def test_the_stage_launches_torchrun_with_that_environment(tmp_path, cores, monk
     write_token_corpus(config, SNAPSHOT, documents=60)
     launched = {}
 
-    def fake_run_streaming(command, *, env, on_line):
+    def fake_run_streaming(command, *, env, on_line, **options):  # on_start, die_with_parent, ...: unused
         launched.update(command=command, env=env)
 
     monkeypatch.setattr(launch, "run_streaming", fake_run_streaming)

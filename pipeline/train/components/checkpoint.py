@@ -46,6 +46,8 @@ _TEMPORARY = re.compile(r"^\.step-\d+\.pt(\.sha256)?\.tmp-\d+$")
 class CheckpointError(RuntimeError):
     """No usable checkpoint where one was expected, or one that does not fit this run."""
 
+    not_retried = True  # a restart finds the same checkpoints (pipeline.train.failures)
+
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()

@@ -1,0 +1,24 @@
+"""`pretrain`'s first task names the training run after the DAG run, so a sweep of DAG runs on one snapshot
+trains (and reports) one run each, and every task of a DAG run, retries included, works on the same one."""
+
+from operators.training import resolve_training_run, training_run_id
+from pipeline.config import load_config
+from pipeline.core.storage import validate_run_id
+
+DAG_RUN = "manual__2026-12-01T10:15:30.123456+00:00"
+
+
+def test_the_training_run_is_named_after_the_dag_run(tmp_path):
+    params = {"snapshot": "demo", "overrides": [f"project.data_root={tmp_path}", "train.lr=0.001"]}
+    resolved = resolve_training_run(params, {}, dag_run_id=DAG_RUN)
+    config = load_config(resolved["config_path"], environ={})
+    assert config.train.run_id == training_run_id(DAG_RUN) == "manual__2026-12-01T10-15-30.123456-00-00"
+    assert validate_run_id(config.train.run_id)
+    # The name says where the output goes, not how it is trained: the hash is that of the settings.
+    assert resolved["config_hash"] == config.hash == load_config(None, params["overrides"], environ={}).hash
+
+
+def test_a_run_named_in_the_settings_is_kept(tmp_path):
+    params = {"snapshot": "demo", "overrides": [f"project.data_root={tmp_path}", "train.run_id=lr-1e-3"]}
+    resolved = resolve_training_run(params, {}, dag_run_id=DAG_RUN)
+    assert load_config(resolved["config_path"], environ={}).train.run_id == "lr-1e-3"
