@@ -13,10 +13,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from operators.assets import TOKEN_SHARDS, announce_token_shards
-from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
-from operators.tasks import corpus_stages, report_outputs, stage_task, stage_tasks
-from pipeline.stages import stage, training_input
+from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params
+from operators.tasks import corpus_stages, publish_token_shards, stage_task, stage_tasks
+from pipeline.stages import stage
 
 
 @dag(
@@ -52,21 +51,7 @@ def corpus_from_files():
     ingest = stage_task(stage("ingest"), overrides=overrides)
     stages = stage_tasks(corpus_stages(reports=True), after=ingest, source="ingest", overrides=overrides)
 
-    @task(outlets=[TOKEN_SHARDS])
-    def publish_token_shards(
-        path: str, report_paths: list[str], params=None, ds=None, outlet_events=None
-    ) -> str:
-        """Announce the snapshot's token shards (this event schedules `pretrain`), unless its quality
-        report failed the gate in mode fail: then this task is skipped, naming the thresholds missed."""
-        return announce_token_shards(
-            outlet_events,
-            path=path,
-            snapshot=run_snapshot(params, ds),
-            params=params,
-            report_paths=report_paths,
-        )
-
-    publish_token_shards(stages[training_input().name].output, report_outputs(stages))
+    publish_token_shards(stages)  # announces the token shards, unless the quality gate holds them back
 
 
 corpus_from_files()

@@ -11,11 +11,9 @@ import pendulum
 from airflow.sdk import dag, get_current_context, task
 
 from operators import CrawlOperator
-from operators.assets import TOKEN_SHARDS, announce_token_shards
-from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params, run_snapshot
-from operators.tasks import corpus_stages, crawl_shard_ids, report_outputs, stage_tasks
+from operators.defaults import DEFAULT_ARGS, check_run_conf, run_params
+from operators.tasks import corpus_stages, crawl_shard_ids, publish_token_shards, stage_tasks
 from pipeline.config import load_config
-from pipeline.stages import training_input
 
 
 @dag(
@@ -42,21 +40,7 @@ def corpus_ingest():
     crawl_shard >> crawl
     stages = stage_tasks(corpus_stages(reports=True), after=crawl)
 
-    @task(outlets=[TOKEN_SHARDS])
-    def publish_token_shards(
-        path: str, report_paths: list[str], params=None, ds=None, outlet_events=None
-    ) -> str:
-        """Announce the snapshot's token shards (this event schedules `pretrain`), unless its quality
-        report failed the gate in mode fail: then this task is skipped, naming the thresholds missed."""
-        return announce_token_shards(
-            outlet_events,
-            path=path,
-            snapshot=run_snapshot(params, ds),
-            params=params,
-            report_paths=report_paths,
-        )
-
-    publish_token_shards(stages[training_input().name].output, report_outputs(stages))
+    publish_token_shards(stages)  # announces the token shards, unless the quality gate holds them back
 
 
 corpus_ingest()

@@ -111,3 +111,26 @@ def report_outputs(tasks: Mapping[str, BaseOperator]) -> list:
     """The output paths (XCom) of the report tasks among ``tasks``: what a snapshot's announcement waits
     for, since a report's quality gate may hold the snapshot back from training."""
     return [tasks[entry.name].output for entry in STAGES if entry.report and entry.name in tasks]
+
+
+def publish_token_shards(tasks: Mapping[str, BaseOperator]):
+    """The task that ends a corpus DAG: announce the snapshot's token shards on the TOKEN_SHARDS Asset
+    (the event schedules `pretrain`), after the reports, unless a report's quality gate failed in mode fail:
+    then it is skipped, naming the thresholds missed."""
+    from airflow.sdk import task
+
+    from operators.assets import TOKEN_SHARDS, announce_token_shards
+    from operators.defaults import run_snapshot
+    from pipeline.stages import training_input
+
+    @task(task_id="publish_token_shards", outlets=[TOKEN_SHARDS])
+    def announce(path: str, report_paths: list[str], params=None, ds=None, outlet_events=None) -> str:
+        return announce_token_shards(
+            outlet_events,
+            path=path,
+            snapshot=run_snapshot(params, ds),
+            params=params,
+            report_paths=report_paths,
+        )
+
+    return announce(tasks[training_input().name].output, report_outputs(tasks))
