@@ -22,6 +22,10 @@ TOOLS: dict[str, tuple[str, str]] = {
         "pipeline.tracking.tensorboard",
         "start TensorBoard on a training snapshot's event files",
     ),
+    "generate": (
+        "pipeline.evaluate.generate",
+        "sample text from a training run's checkpoint (KV cache, temperature/top-k/top-p, stops at end of text)",
+    ),
     "config": ("pipeline.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
 }

@@ -123,7 +123,11 @@ def stage_main(
     reads = registered_stage(stage).reads
     input_stages = [args.input_stage, *reads[1:]] if reads else []
     # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
-    inputs = [DatasetRef.of(config, name, snapshot).require() for name in input_stages]
+    inputs = []
+    for name in input_stages:
+        # The per-run outputs a stage reads are those of one training run: the run of its first input.
+        same_run = inputs[0].run if inputs and config.keeps_runs(name) else None
+        inputs.append(DatasetRef.of(config, name, snapshot, same_run).require())
     start_logging(config, component or stage)
     if config.keeps_runs(stage):
         config = config.with_run(name_run(config, snapshot, inputs))

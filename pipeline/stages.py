@@ -19,6 +19,8 @@ from pipeline.core.config import Section
 from pipeline.crawl.config import CrawlConfig
 from pipeline.data.config import DataConfig
 from pipeline.dedup.config import DedupConfig
+from pipeline.evaluate.config import EvaluateConfig
+from pipeline.export.config import ExportConfig
 from pipeline.ingest.config import IngestConfig
 from pipeline.model.section import ModelSection
 from pipeline.quality.config import QualityConfig
@@ -136,12 +138,32 @@ STAGES: tuple[Stage, ...] = (
         },
     ),
     Stage(
-        name="report",
-        package="pipeline.report",
+        name="export",
+        package="pipeline.export",
         reads=("train",),
         runner="python",
         group="training",
-        help="complete the training run in MLflow (metrics, plots, samples, model) and register the model",
+        help="the trained model as a Hugging Face folder (safetensors, config, tokenizer, model card)",
+        per_run=True,
+        sections={"export": ExportConfig},
+    ),
+    Stage(
+        name="evaluate",
+        package="pipeline.evaluate",
+        reads=("train",),
+        runner="python",
+        group="training",
+        help="held-out loss and perplexity by host and language, and greedy continuations of fixed prompts",
+        per_run=True,
+        sections={"evaluate": EvaluateConfig},
+    ),
+    Stage(
+        name="report",
+        package="pipeline.report",
+        reads=("train", "export", "evaluate"),
+        runner="python",
+        group="training",
+        help="complete the training run in MLflow (metrics, plots, samples) and register the exported model",
         per_run=True,
         sections={"tracking": TrackingConfig},
     ),

@@ -91,3 +91,17 @@ def checksum_tree(folder: Path) -> dict[str, FileEntry]:
             continue
         entries[relative] = FileEntry(bytes=path.stat().st_size, sha256=sha256_file(path))
     return entries
+
+
+def upstream_manifests(manifest: Manifest) -> list[Manifest]:
+    """Every manifest this one was made from, nearest first, by walking input references back to the crawl
+    (train -> tokenize -> dedup -> clean -> crawl)."""
+    chain, frontier = [], list(manifest.inputs)
+    while frontier:
+        ref = frontier.pop(0)
+        path = Path(ref["path"]) / MANIFEST_NAME
+        if path.is_file():
+            upstream = Manifest.read(path)
+            chain.append(upstream)
+            frontier.extend(upstream.inputs)
+    return chain

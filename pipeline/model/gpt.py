@@ -493,17 +493,24 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        top_p: float | None = None,
+        stop_token: int | None = None,
     ) -> torch.Tensor:
-        """Continue each row of input_ids (batch, seq) by max_new_tokens tokens, using a KV cache.
+        """Continue each row of input_ids (batch, seq) by up to max_new_tokens tokens, using a KV cache.
 
-        temperature 0 decodes greedily; top_k keeps only the k most likely tokens before sampling.
-        Runs in eval mode (no dropout, moe_eval_capacity_factor) and restores the previous mode.
+        temperature 0 decodes greedily; top_k keeps only the k most likely tokens and top_p the smallest set
+        whose probability reaches p (nucleus) before sampling. A row that emits stop_token (end of text) ends
+        there: its later positions repeat stop_token, and decoding stops once every row has ended, so the
+        result may be shorter than seq + max_new_tokens. Runs in eval mode (no dropout,
+        moe_eval_capacity_factor) and restores the previous mode.
         """
         if max_new_tokens < 0 or temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(
                 f"need max_new_tokens >= 0, temperature >= 0 and top_k >= 1; got {max_new_tokens}, "
                 f"{temperature}, {top_k}"
             )
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         batch, seq = input_ids.shape
         if seq == 0:
             raise ValueError("generate needs at least one prompt token per row")
@@ -518,18 +525,28 @@ class GPT(nn.Module):
         try:
             cache = KVCache(self.config, batch, total, input_ids.device, self.lm_head.weight.dtype)
             tokens = [input_ids]
+            ended = torch.zeros(batch, 1, dtype=torch.bool, device=input_ids.device)
             logits = self(input_ids, cache=cache).logits[:, -1]
             for step in range(max_new_tokens):
-                tokens.append(sample_next_token(logits, temperature, top_k, generator))
-                if step + 1 < max_new_tokens:
-                    logits = self(tokens[-1], cache=cache).logits[:, -1]
+                next_token = sample_next_token(logits, temperature, top_k, generator, top_p)
+                if stop_token is not None:
+                    next_token = next_token.masked_fill(ended, stop_token)
+                    ended |= next_token == stop_token
+                tokens.append(next_token)
+                if step + 1 == max_new_tokens or bool(ended.all()):
+                    break
+                logits = self(next_token, cache=cache).logits[:, -1]
         finally:
             self.train(was_training)
         return torch.cat(tokens, dim=1)
 
 
 def sample_next_token(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
     """One token per row (batch, 1) from last-position logits (batch, vocab)."""
     if temperature == 0:
@@ -538,4 +555,10 @@ def sample_next_token(
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        # Keep the most likely tokens up to and including the one whose cumulative probability reaches top_p.
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        before = torch.softmax(ordered, dim=-1).cumsum(dim=-1) - torch.softmax(ordered, dim=-1)
+        remove = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, before >= top_p)
+        logits = logits.masked_fill(remove, float("-inf"))
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)

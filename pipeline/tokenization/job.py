@@ -5,6 +5,7 @@ Output layout (format: ``docs/token-shards.md``)::
     tokenizer.json, tokenizer_config.json    HF tokenizers / transformers files
     train/shard-PPPPP-NNNN.bin, .idx         Megatron MMIDIDX shards, documents in seeded shuffled order
     validation/shard-PPPPP-NNNN.bin, .idx    (PPPPP: writer task, NNNN: roll-over file inside the task)
+    validation/shard-PPPPP-NNNN.docs.parquet  each validation document's id, host and language, in shard order
     excluded/part-00000.parquet              documents that were not tokenized (id, text, reason)
 
 Steps: documents with no text are set aside (reason ``empty``); each remaining document goes to train or
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,6 +97,28 @@ def _split_runs(splits: list[str]) -> Iterator[tuple[str, int, int]]:
             start = i
 
 
+# Who each validation document is, beside its shard, so an evaluation can break the loss down by host and
+# language; the train split, far larger, has none.
+DESCRIBED_SPLIT = "validation"
+DOCUMENT_COLUMNS = ("id", "domain", "lang")
+DOCUMENTS_SUFFIX = ".docs.parquet"
+
+
+def write_document_tables(folder: Path, shards, described: list[pa.RecordBatch], temp_suffix: str) -> None:
+    """One ``<shard>.docs.parquet`` per shard: its documents' DOCUMENT_COLUMNS in the shard's order."""
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_batches(described) if described else None
+    start = 0
+    for shard in shards:
+        part = table.slice(start, shard.documents)
+        start += shard.documents
+        final = folder / f"{shard.name}{DOCUMENTS_SUFFIX}"
+        temporary = final.with_name(final.name + temp_suffix)
+        pq.write_table(part, temporary)
+        os.replace(temporary, final)
+
+
 def encode_partition(
     batches: Iterator[pa.RecordBatch],
     *,
@@ -114,10 +138,13 @@ def encode_partition(
     temp_suffix = f".tmp-{context.taskAttemptId()}"
     writers: dict[str, RollingShardWriter] = {}
     counters: dict[str, EncodeCounters] = {}
+    described: list[pa.RecordBatch] = []  # the validation documents' DOCUMENT_COLUMNS, in writing order
     try:
         for batch in batches:
             text_column = batch.column("text")
             for split, start, stop in _split_runs(batch.column("split").to_pylist()):
+                if split == DESCRIBED_SPLIT:
+                    described.append(batch.select(list(DOCUMENT_COLUMNS)).slice(start, stop - start))
                 texts, repaired = texts_from_arrow(text_column.slice(start, stop - start))
                 encoder.counters = counters.setdefault(split, EncodeCounters())
                 encoder.counters.repaired_unicode += repaired
@@ -133,7 +160,10 @@ def encode_partition(
         raise
     rows = []
     for split, writer in writers.items():
-        for shard in writer.close():
+        shards = writer.close()
+        if split == DESCRIBED_SPLIT:
+            write_document_tables(Path(output) / split, shards, described, temp_suffix)
+        for shard in shards:
             rows.append(
                 {
                     "kind": "file",
@@ -206,7 +236,13 @@ def split_documents(
     from pyspark.sql import functions as F
 
     seed, settings = config.project.seed, config.tokenize
-    docs = spark.read.parquet(str(documents_ref.path / "documents")).select("id", "text")
+    docs = spark.read.parquet(str(documents_ref.path / "documents"))
+    # Host and language travel with the validation documents (DOCUMENT_COLUMNS); null where a source has none.
+    docs = docs.select(
+        "id",
+        "text",
+        *(F.col(c) if c in docs.columns else F.lit(None).cast("string").alias(c) for c in ("domain", "lang")),
+    )
     docs = docs.withColumns(
         {
             "empty": F.col("text").isNull() | (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0),
@@ -287,7 +323,7 @@ def encode_documents(
         for row in docs.where(_kept())
         .repartition(partitions, "order")
         .sortWithinPartitions("split", "order", "id", "text")
-        .select("split", "text")
+        .select("split", "text", *DOCUMENT_COLUMNS)
         .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
         .collect()
     ]

@@ -8,20 +8,23 @@ It finds the training run (the id the trainer put in its manifest, else the ``tr
 output digest matches, else it creates one nested under the training's DAG run) and makes sure it
 holds per-step metrics (from ``metrics.jsonl`` when the trainer did not log them live), the training
 plots, the manifests of the whole chain, the tokenizer, sample generations from the final checkpoint,
-and the model (weights or a pointer), registered in the Model Registry.
+and the model, registered in the Model Registry: an MLflow pyfunc text generator over the export stage's
+Hugging Face folder (``mlflow.pyfunc.load_model(uri).predict(["prompt"])`` needs only mlflow, torch and
+transformers), which also holds this project's weights or a pointer to the checkpoint (``load_model`` below).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
-from pipeline.core.manifest import MANIFEST_NAME, Manifest, sha256_file
+from pipeline.core.manifest import MANIFEST_NAME, Manifest, sha256_file, upstream_manifests
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tracking.mlflow_runs import (
     TAG_OUTPUT_DIGEST,
@@ -38,19 +41,6 @@ log = logging.getLogger(__name__)
 STAGE = "report"
 METRIC_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 MODEL_ARTIFACT = "model"
-
-
-def upstream_manifests(manifest: Manifest) -> list[Manifest]:
-    """Walk input references back to the crawl: train -> tokenize -> clean -> crawl."""
-    chain, frontier = [], list(manifest.inputs)
-    while frontier:
-        ref = frontier.pop(0)
-        path = Path(ref["path"]) / MANIFEST_NAME
-        if path.is_file():
-            upstream = Manifest.read(path)
-            chain.append(upstream)
-            frontier.extend(upstream.inputs)
-    return chain
 
 
 def read_history(train_path: Path) -> list[dict[str, Any]]:
@@ -159,13 +149,50 @@ def write_model_artifact(
     (folder / "model_config.json").write_text(json.dumps(state["model_config"], indent=2) + "\n")
     if tokenizer_file is not None and tokenizer_file.is_file():
         (folder / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
-    (folder / "README.md").write_text(
-        "pretrain-pipeline GPT. Load it with `pipeline.tracking.mlflow_report.load_model(model_uri)`,\n"
-        "or by hand: `GPT(GPTConfig(**json.load(open('model_config.json'))))` and\n"
-        "`load_state_dict(torch.load('model.pt', weights_only=True)['model'])`. When `checkpoint.json` has\n"
-        "no `weights`, the weights are in the checkpoint file it points to (check its sha256).\n"
-    )
     return pointer
+
+
+HF_FILES = ("*.json", "*.safetensors", "README.md")  # the exported model, without the stage's own files
+CHECKPOINT_ARTIFACT = "checkpoint"  # this project's own weights (or pointer) inside the registered model
+
+
+def save_registered_model(export_folder: Path, checkpoint_folder: Path, destination: Path) -> None:
+    """The registered model as an MLflow pyfunc (``hf_generator.py``, logged as code): a text generator over
+    the exported folder (artifact ``hf_model``), plus this project's checkpoint files (``checkpoint``)."""
+    import shutil
+    from importlib.metadata import version
+
+    import mlflow.pyfunc
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from pipeline.tracking import hf_generator
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per file in the task log
+    hf_folder = destination.parent / hf_generator.ARTIFACT
+    hf_folder.mkdir()
+    for pattern in HF_FILES:
+        for path in export_folder.glob(pattern):
+            if path.name != MANIFEST_NAME:
+                shutil.copy2(path, hf_folder / path.name)
+    kinds = {int: "long", float: "double"}
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string")]),
+        outputs=Schema([ColSpec("string")]),
+        params=ParamSchema(
+            [ParamSpec(name, kinds[type(value)], value) for name, value in hf_generator.DEFAULTS.items()]
+        ),
+    )
+    mlflow.pyfunc.save_model(
+        destination,
+        python_model=hf_generator.__file__,
+        artifacts={hf_generator.ARTIFACT: str(hf_folder), CHECKPOINT_ARTIFACT: str(checkpoint_folder)},
+        signature=signature,
+        # Pinned by hand: inferring them imports every optional transformers backend.
+        pip_requirements=[
+            f"{name}=={version(name)}" for name in ("mlflow", "torch", "transformers", "safetensors")
+        ],
+    )
 
 
 def load_model(model_uri: str, tracking: str | None = None):
@@ -184,6 +211,8 @@ def load_model(model_uri: str, tracking: str | None = None):
         client = MlflowClient(tracking, registry_uri=tracking or mlflow.get_tracking_uri())
         model_uri = client.get_model_version_download_uri(name, version)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, tracking_uri=tracking))
+    if (local / "artifacts" / CHECKPOINT_ARTIFACT).is_dir():
+        local = local / "artifacts" / CHECKPOINT_ARTIFACT
     pointer = json.loads((local / "checkpoint.json").read_text())
     if pointer.get("weights"):
         return build(torch.load(local / pointer["weights"], map_location="cpu", weights_only=True))
@@ -199,9 +228,11 @@ def log_model_files(
     history: list[dict],
     checkpoint: Path,
     tokenizer_file: Path | None,
+    export_folder: Path,
 ) -> tuple[list[dict], dict[str, Any]]:
     """(samples, model pointer): the training plot, sample generations from the checkpoint (when there is a
-    tokenizer and ``tracking.sample_tokens``) and the model artifact, each logged to the run."""
+    tokenizer and ``tracking.sample_tokens``) and the model (``save_registered_model``), each logged to the
+    run."""
     samples = []
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -220,9 +251,28 @@ def log_model_files(
             )
             tracked.log_text(json.dumps(samples, indent=2, ensure_ascii=False), "samples/generations.json")
             tracked.log_text(format_samples(samples), "samples/generations.txt")
-        pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / MODEL_ARTIFACT)
+        pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / CHECKPOINT_ARTIFACT)
+        save_registered_model(export_folder, scratch / CHECKPOINT_ARTIFACT, scratch / MODEL_ARTIFACT)
         tracked.log_artifact(scratch / MODEL_ARTIFACT, MODEL_ARTIFACT)
     return samples, pointer
+
+
+def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
+    """The evaluate stage's figures as metrics (overall and per language) and its files as artifacts."""
+    metrics = json.loads((evaluation / "metrics.json").read_text())
+    values = {}
+    if metrics.get("overall"):
+        values = {
+            "eval_loss": metrics["overall"]["loss"],
+            "eval_perplexity": metrics["overall"]["perplexity"],
+        }
+    for language, group in metrics.get("by_language", {}).items():
+        values[f"eval_loss.{language}"] = group["loss"]
+    tracked.log_metrics(values, step=step)
+    tracked.flush()
+    for name in ("metrics.json", "generations.json", "plots"):
+        if (evaluation / name).exists():
+            tracked.log_artifact(evaluation / name, "evaluation")
 
 
 def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:
@@ -261,7 +311,7 @@ def register(
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    (train_ref,) = inputs
+    train_ref, export_ref, evaluate_ref = inputs
     train_manifest = train_ref.manifest()
     chain = upstream_manifests(train_manifest)
     history = read_history(train_ref.path)
@@ -280,7 +330,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         tracked, created = training_run(config, train_ref, train_manifest)
         try:
             metric_count = log_history(tracked, history, train_manifest)
-            samples, pointer = log_model_files(config, tracked, history, checkpoint, tokenizer_file)
+            samples, pointer = log_model_files(
+                config, tracked, history, checkpoint, tokenizer_file, export_ref.path
+            )
+            log_evaluation(tracked, evaluate_ref.path, train_manifest.rows.get("steps", 0))
             log_lineage(tracked, [train_manifest, *chain], tokenizer_file)
             tracked.set_tags(
                 {

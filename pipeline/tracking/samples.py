@@ -30,9 +30,8 @@ def greedy_generate(
     prompt = list(prompt_ids)[-(window - 1) :]
     budget = min(max_new_tokens, window - len(prompt))
     device = model.lm_head.weight.device  # the trainer calls this with a model still on its GPU
-    new = model.generate(torch.tensor([prompt], dtype=torch.long, device=device), budget, temperature=0)[
-        0, len(prompt) :
-    ].tolist()
+    prompt_tensor = torch.tensor([prompt], dtype=torch.long, device=device)
+    new = model.generate(prompt_tensor, budget, temperature=0, stop_token=stop_id)[0, len(prompt) :].tolist()
     return new[: new.index(stop_id)] if stop_id in new else new
 
 

@@ -1,0 +1,1 @@
+"""What a trained model learned: the evaluate stage, and `pretrain generate`."""

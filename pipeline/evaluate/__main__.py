@@ -1,0 +1,20 @@
+"""`python -m pipeline.evaluate` / `pretrain evaluate`: what a training run's model learned.
+
+Reads train/<snapshot>/<run>/ (its final checkpoint) and the validation split of the token shards it trained
+on, and writes evaluate/<snapshot>/<run>/: the held-out loss and perplexity overall, per source host and per
+language (metrics.json, plots/), and the greedy continuations of evaluate.prompts (generations.json).
+"""
+
+from __future__ import annotations
+
+from pipeline.entrypoint import run_cli, stage_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.evaluate.job import run
+
+    return stage_main(argv, stage="evaluate", description=__doc__, run=run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,116 @@
+"""`pretrain generate`: sample text from a training run's checkpoint.
+
+    pretrain generate --snapshot 2026-11-29 --prompt "In the garden" --max-tokens 64 --temperature 0.8
+
+Reads the final checkpoint of the snapshot's latest complete training run (``--run`` names another, and
+``--checkpoint`` any checkpoint file or checkpoints folder, such as a run still training), decodes with the
+model's KV cache and stops at the end-of-text token. ``--temperature 0`` decodes greedily, which the
+exported model reproduces token for token through transformers' ``generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.core.storage import DatasetRef, StageFailure
+from pipeline.entrypoint import resolve, stage_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = stage_parser("pretrain generate", __doc__)
+    parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeatable)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 decodes greedily (default: 0.8)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability p")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: project.seed)")
+    parser.add_argument("--run", default=None, help="training run id (default: the latest complete run)")
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None, help="a step-*.pt file or a checkpoints folder"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    return parser
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint file, or the newest valid one of a checkpoints folder (checksums verified)."""
+    from pipeline.train.components.checkpoint import Checkpointer
+
+    if path.is_dir():
+        found = Checkpointer(path).load_latest()
+        if found is None:
+            raise StageFailure(f"no valid checkpoint in {path}")
+        return found[1]
+    match = Checkpointer(path.parent)
+    try:
+        step = int(path.name.removeprefix("step-").removesuffix(".pt"))
+    except ValueError:
+        raise StageFailure(f"{path} is not a step-<N>.pt checkpoint") from None
+    return match.load(step)
+
+
+def generate(argv: list[str] | None = None) -> list[dict]:
+    import torch
+    from tokenizers import Tokenizer
+
+    from pipeline.export.trained import TrainedRun
+    from pipeline.tracking.samples import load_model
+
+    args = build_parser().parse_args(argv)
+    if args.run:
+        args.overrides = [f"train.run_id={args.run}", *args.overrides]
+    config, snapshot = resolve(args)
+    if args.checkpoint is not None:
+        state = load_checkpoint(args.checkpoint)
+        tokenizer_file = DatasetRef.of(config, "tokenize", snapshot).require().path / "tokenizer.json"
+        eos_token = config.tokenizer.eos_token
+    else:
+        trained = TrainedRun.of(DatasetRef.of(config, "train", snapshot))
+        state, tokenizer_file = trained.state, trained.tokenizer_file
+        eos_token = trained.tokenize.extra["eos_token"]
+    model = load_model(state)
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.encode_special_tokens = True  # as the tokenize stage encoded the training text
+    stop = tokenizer.token_to_id(eos_token)
+    generator = torch.Generator().manual_seed(config.project.seed if args.seed is None else args.seed)
+    results = []
+    for prompt in args.prompt:
+        ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [stop]
+        budget = min(args.max_tokens, model.config.max_position_embeddings - len(ids))
+        if budget < 0:
+            raise StageFailure(
+                f"the prompt is {len(ids)} tokens; the context is {model.config.max_position_embeddings}"
+            )
+        out = model.generate(
+            torch.tensor([ids]), budget, args.temperature, args.top_k, generator, args.top_p, stop
+        )[0, len(ids) :].tolist()
+        stopped = stop in out
+        new = out[: out.index(stop)] if stopped else out
+        results.append(
+            {
+                "prompt": prompt,
+                "completion": tokenizer.decode(new),
+                "tokens": len(new),
+                "stopped_at_eos": stopped,
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    for result in generate(argv):
+        if "--json" in (argv if argv is not None else sys.argv[1:]):
+            print(json.dumps(result, ensure_ascii=False))
+        else:
+            end = " <|end of text|>" if result["stopped_at_eos"] else ""
+            print(f"{result['prompt']}{result['completion']}{end}")
+    return 0
+
+
+if __name__ == "__main__":
+    from pipeline.entrypoint import run_cli
+
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,218 @@
+"""The evaluate stage: held-out loss and perplexity of a training run's final model, overall, per source host
+and per language, and greedy continuations of fixed prompts.
+
+Each validation document (the first ``evaluate.max_documents`` of the split, in its seeded order) is scored
+on its own: every token after its first, end-of-text included, predicted from the document's earlier tokens,
+in windows of the model's context. The loss of a group is the token-weighted mean over its documents, so
+the overall figure is not the trainer's ``val_loss`` (packed windows that cross documents) but close to it.
+Hosts and languages come from the tokenize stage's ``<shard>.docs.parquet`` tables; shards written without
+them are scored overall only, with a warning.
+
+Output, ``evaluate/<snapshot>/<run>/``: ``metrics.json``, ``generations.json``, ``plots/loss_by_language.png``
+and ``plots/loss_by_host.png``; the report stage logs them to the training's MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import PipelineConfig
+from pipeline.core.manifest import Manifest
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.data.loader import IGNORE_INDEX, TokenStream
+from pipeline.export.trained import TrainedRun
+from pipeline.tokenization.job import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX
+from pipeline.tokenization.shards import shard_prefixes
+
+log = logging.getLogger(__name__)
+STAGE = "evaluate"
+UNKNOWN = "unknown"
+
+
+def document_labels(folder: Path, count: int) -> list[dict[str, str]] | None:
+    """Each document's host and language, in stream order; None when a shard has no table (or counts differ)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for prefix in shard_prefixes(folder):
+        path = prefix.with_name(prefix.name + DOCUMENTS_SUFFIX)
+        if not path.is_file():
+            log.warning("no %s for %s: the loss is reported overall only", DOCUMENTS_SUFFIX, prefix.name)
+            return None
+        tables.append(pq.read_table(path, columns=["domain", "lang"]))
+    table = pa.concat_tables(tables)
+    if table.num_rows != count:
+        log.warning("document tables list %d documents, the shards %d: overall only", table.num_rows, count)
+        return None
+    columns = table.to_pydict()
+    return [
+        {"host": host or UNKNOWN, "language": language or UNKNOWN}
+        for host, language in zip(columns["domain"], columns["lang"], strict=True)
+    ]
+
+
+def document_windows(tokens: np.ndarray, context: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(inputs, targets) windows predicting tokens[1:] from the document's earlier tokens; each window starts
+    where the previous one's targets end, so every target is scored once (a long document's later windows
+    lose the context before them, as any fixed-context model must)."""
+    windows = []
+    for start in range(0, len(tokens) - 1, context):
+        piece = tokens[start : start + context + 1]
+        windows.append((piece[:-1], piece[1:]))
+    return windows
+
+
+@torch.no_grad()
+def document_losses(
+    model, stream: TokenStream, documents: int, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(summed cross-entropy, scored tokens) per document, for the first ``documents`` of the stream."""
+    context = model.config.max_position_embeddings
+    owners, windows = [], []
+    for index in range(documents):
+        end = int(stream.document_ends[index])
+        tokens = stream.read(end - int(stream.document_lengths[index]), end)
+        for window in document_windows(tokens, context):
+            owners.append(index)
+            windows.append(window)
+    loss_sums, counts = np.zeros(documents), np.zeros(documents, dtype=np.int64)
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start : start + batch_size]
+        width = max(len(inputs) for inputs, _ in chunk)
+        inputs = torch.zeros(len(chunk), width, dtype=torch.long)
+        targets = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
+        for row, (x, y) in enumerate(chunk):
+            inputs[row, : len(x)], targets[row, : len(y)] = torch.from_numpy(x), torch.from_numpy(y)
+        logits = model(inputs).logits.float()
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+        scored = targets != IGNORE_INDEX
+        for row, owner in enumerate(owners[start : start + len(chunk)]):
+            loss_sums[owner] += float(losses[row][scored[row]].sum())
+            counts[owner] += int(scored[row].sum())
+    return loss_sums, counts
+
+
+def grouped(loss_sums, counts, keys: list[str], top: int | None = None) -> dict[str, dict[str, Any]]:
+    """Token-weighted loss and perplexity per key, largest groups first; past ``top``, one "other" group."""
+    sums, tokens, docs = defaultdict(float), defaultdict(int), defaultdict(int)
+    for key, loss, count in zip(keys, loss_sums, counts, strict=True):
+        sums[key] += loss
+        tokens[key] += int(count)
+        docs[key] += 1
+    order = sorted(sums, key=lambda key: (-tokens[key], key))
+    if top is not None and len(order) > top:
+        for key in order[top:]:
+            sums["other"] += sums.pop(key)
+            tokens["other"] += tokens.pop(key)
+            docs["other"] += docs.pop(key)
+        order = [*order[:top], "other"]
+    return {key: summary(sums[key], tokens[key], docs[key]) for key in order if tokens[key]}
+
+
+def summary(loss_sum: float, tokens: int, documents: int) -> dict[str, Any]:
+    loss = loss_sum / tokens if tokens else None
+    return {
+        "loss": loss,
+        "perplexity": (math.exp(loss) if loss < 700 else math.inf) if loss is not None else None,
+        "tokens": tokens,
+        "documents": documents,
+    }
+
+
+def plot_groups(groups: dict[str, dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(groups)
+    figure, axis = plt.subplots(figsize=(8, 0.4 * len(names) + 1.5))
+    axis.barh(names[::-1], [groups[n]["loss"] for n in names[::-1]], color="tab:purple")
+    for y, name in enumerate(names[::-1]):
+        axis.annotate(
+            f" {groups[name]['tokens']:,} tokens", (groups[name]["loss"], y), va="center", fontsize=8
+        )
+    axis.set(title=title, xlabel="held-out cross-entropy (nats/token)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def generations(trained: TrainedRun, model, prompts: list[str], max_new_tokens: int) -> list[dict]:
+    from tokenizers import Tokenizer
+
+    from pipeline.tracking.samples import greedy_generate
+
+    tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
+    tokenizer.encode_special_tokens = True
+    eos = trained.special_tokens().eos_id
+    results = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [eos]
+        new = greedy_generate(model, ids, max_new_tokens, eos)
+        results.append({"prompt": prompt, "completion": tokenizer.decode(new), "generated_ids": new})
+    return results
+
+
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    (train_ref,) = inputs
+    trained = TrainedRun.of(train_ref)
+    settings = config.evaluate
+    model = trained.model()
+    folder = Path(trained.tokenize.path) / DESCRIBED_SPLIT
+    with StageOutput(output, config, inputs) as out:
+        metrics: dict[str, Any] = {"overall": None, "by_language": {}, "by_host": {}}
+        try:
+            stream = TokenStream(folder)
+        except FileNotFoundError:
+            log.warning("the tokenize output has no validation split: no held-out loss")
+            stream = None
+        if stream is not None:
+            documents = min(settings.max_documents, stream.num_documents)
+            log.info("scoring %d of %d validation documents", documents, stream.num_documents)
+            loss_sums, counts = document_losses(model, stream, documents, settings.batch_size)
+            metrics["overall"] = summary(float(loss_sums.sum()), int(counts.sum()), documents)
+            labels = document_labels(folder, stream.num_documents)
+            if labels is not None:
+                labels = labels[:documents]
+                metrics["by_language"] = grouped(loss_sums, counts, [x["language"] for x in labels])
+                metrics["by_host"] = grouped(
+                    loss_sums, counts, [x["host"] for x in labels], settings.top_hosts
+                )
+        (out.path / "plots").mkdir()
+        for key, title in (
+            ("by_language", "held-out loss by language"),
+            ("by_host", "held-out loss by host"),
+        ):
+            if metrics[key]:
+                plot_groups(metrics[key], title, out.path / "plots" / f"loss_{key}.png")
+        samples = generations(trained, model, settings.prompts, settings.max_new_tokens)
+        (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
+        (out.path / "generations.json").write_text(json.dumps(samples, indent=2, ensure_ascii=False) + "\n")
+        overall = metrics["overall"] or {}
+        log.info(
+            "held-out loss %s (perplexity %s) over %s tokens",
+            overall.get("loss"),
+            overall.get("perplexity"),
+            overall.get("tokens"),
+        )
+        return out.commit(
+            rows={"documents": overall.get("documents", 0), "prompts": len(samples)},
+            counters={"tokens": overall.get("tokens", 0)},
+            extra={
+                "loss": overall.get("loss"),
+                "perplexity": overall.get("perplexity"),
+                "languages": len(metrics["by_language"]),
+                "hosts": len(metrics["by_host"]),
+            },
+        )

@@ -1,0 +1,21 @@
+"""`python -m pipeline.export` / `pretrain export`: a training run as a Hugging Face model folder.
+
+Reads train/<snapshot>/<run>/ (the latest complete run unless train.run_id names one) and writes
+export/<snapshot>/<run>/: config.json, model.safetensors, the tokenizer files and a model card, which
+transformers' AutoModelForCausalLM / AutoTokenizer load offline. Models transformers cannot compute exactly
+are refused with the difference named.
+"""
+
+from __future__ import annotations
+
+from pipeline.entrypoint import run_cli, stage_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.export.job import run
+
+    return stage_main(argv, stage="export", description=__doc__, run=run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,94 @@
+"""A finished training run as the stages after it see it: its final checkpoint, its tokenizer and its lineage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.manifest import Manifest, upstream_manifests
+from pipeline.core.storage import DatasetRef, StageFailure
+from pipeline.export.hf import SpecialTokens
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    ref: DatasetRef
+    manifest: Manifest
+    chain: tuple[Manifest, ...]  # the manifests it was made from, nearest first
+
+    @classmethod
+    def of(cls, ref: DatasetRef) -> TrainedRun:
+        manifest = ref.manifest()
+        return cls(ref, manifest, tuple(upstream_manifests(manifest)))
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.ref.path / self.manifest.extra["checkpoint"]
+
+    def upstream(self, stage: str) -> Manifest | None:
+        return next((m for m in self.chain if m.stage == stage), None)
+
+    @property
+    def tokenize(self) -> Manifest:
+        found = self.upstream("tokenize")
+        if found is None:
+            raise StageFailure(
+                f"{self.ref.what} names no tokenize output among its inputs; no tokenizer to use"
+            )
+        return found
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return Path(self.tokenize.path) / "tokenizer.json"
+
+    def special_tokens(self) -> SpecialTokens:
+        extra = self.tokenize.extra
+        return SpecialTokens(eos_id=extra["eos_id"], pad_id=extra.get("pad_id"))
+
+    def added_special_tokens(self) -> list[str]:
+        """The tokenizer's special tokens other than end-of-text and padding (the reserved ones)."""
+        data = json.loads(self.tokenizer_file.read_text())
+        named = {self.tokenize.extra["eos_token"], self.tokenize.extra.get("pad_token")}
+        return [
+            t["content"]
+            for t in data.get("added_tokens", [])
+            if t.get("special") and t["content"] not in named
+        ]
+
+    @cached_property
+    def state(self) -> dict[str, Any]:
+        import torch
+
+        return torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+
+    @property
+    def model_config(self):
+        from pipeline.model import GPTConfig
+
+        return GPTConfig(**self.state["model_config"])
+
+    def model(self):
+        """Our GPT with the final weights, in eval mode."""
+        from pipeline.tracking.samples import load_model
+
+        return load_model(self.state)
+
+    def lineage(self) -> dict[str, Any]:
+        """What the model card and the registry say the model was made from."""
+        return {
+            "corpus": self.ref.corpus,
+            "snapshot": self.ref.snapshot,
+            "train_run": self.ref.run,
+            "train_digest": self.manifest.digest,
+            "dataset_digests": {m.stage: m.digest for m in self.chain},
+            "steps": self.manifest.rows.get("steps"),
+            "tokens_seen": self.manifest.counters.get("tokens_seen"),
+            "final_loss": self.manifest.extra.get("final_loss"),
+            "val_loss": self.manifest.extra.get("val_loss"),
+            "mlflow_run_id": self.manifest.extra.get("mlflow_run_id"),
+            "code_version": self.manifest.code_version,
+            "config_hash": self.manifest.config_hash,
+        }
