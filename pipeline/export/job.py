@@ -36,35 +36,37 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 CHECK_TOKENS = (2, 64)
 
 
-def save_tokenizer_files(trained: TrainedRun, folder: Path, max_length: int) -> None:
+def save_tokenizer_files(
+    tokenizer_file: Path,
+    eos_token: str,
+    pad_token: str | None,
+    added: list[str],
+    folder: Path,
+    max_length: int,
+) -> None:
     """tokenizer.json plus the files AutoTokenizer reads, encoding exactly as the tokenize stage does: a
-    special token's text inside a document is plain text there, so ``split_special_tokens`` here."""
+    special token's text inside a document is plain text there, so ``split_special_tokens`` here. Documents
+    follow an end-of-text token, so it is the bos token too."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    extra = trained.tokenize.extra
-    special = {
-        "bos_token": extra["eos_token"],
-        "eos_token": extra["eos_token"],
-        "pad_token": extra.get("pad_token"),
-    }
+    special = {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_file(str(trained.tokenizer_file)),
+        tokenizer_object=Tokenizer.from_file(str(tokenizer_file)),
         **special,
-        additional_special_tokens=trained.added_special_tokens(),
+        additional_special_tokens=added,
         split_special_tokens=True,
         clean_up_tokenization_spaces=False,
         model_max_length=max_length,
     )
     tokenizer.save_pretrained(folder)
-    # The class name transformers 4 also knows (5 writes its new backend name), and the special tokens file
-    # older readers look for.
+    # The class name transformers 4 also knows (5 writes its new backend's name), and the special tokens
+    # file older readers look for.
     config_path = folder / "tokenizer_config.json"
     tokenizer_config = json.loads(config_path.read_text())
-    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tokenizer_config["additional_special_tokens"] = trained.added_special_tokens()
+    tokenizer_config |= {"tokenizer_class": "PreTrainedTokenizerFast", "additional_special_tokens": added}
     config_path.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
-    special["additional_special_tokens"] = trained.added_special_tokens()
+    special["additional_special_tokens"] = added
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2, sort_keys=True) + "\n")
 
 
@@ -159,7 +161,15 @@ def export_folder(trained: TrainedRun, folder: Path, dtype_name: str, max_shard_
         bos_token_id=tokens.bos, eos_token_id=tokens.eos_id, pad_token_id=tokens.pad_id, do_sample=False
     )
     model.save_pretrained(folder, max_shard_size=max_shard_size)
-    save_tokenizer_files(trained, folder, config.max_position_embeddings)
+    extra = trained.tokenize.extra
+    save_tokenizer_files(
+        trained.tokenizer_file,
+        extra["eos_token"],
+        extra.get("pad_token"),
+        trained.added_special_tokens(),
+        folder,
+        config.max_position_embeddings,
+    )
     difference = logits_difference(trained.model(), folder, dtype, seed)
     if difference > TOLERANCE[dtype_name]:
         raise StageFailure(

@@ -270,9 +270,9 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
         values[f"eval_loss.{language}"] = group["loss"]
     tracked.log_metrics(values, step=step)
     tracked.flush()
-    for name in ("metrics.json", "generations.json", "plots"):
-        if (evaluation / name).exists():
-            tracked.log_artifact(evaluation / name, "evaluation")
+    for name in ("metrics.json", "generations.json"):
+        tracked.log_artifact(evaluation / name, "evaluation")
+    tracked.log_artifact(evaluation / "plots", "evaluation/plots")
 
 
 def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:

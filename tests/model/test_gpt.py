@@ -122,3 +122,43 @@ def test_generate_rejects_bad_arguments():
         model.generate(prompt, 2, top_k=0)
     with pytest.raises(ValueError, match="prompt token"):
         model.generate(prompt[:, :0], 2)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # Probabilities 0.5, 0.3, 0.15, 0.05: p=0.7 keeps the first two (0.5 < 0.7 <= 0.8), p=0.5 only the first.
+    probabilities = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probabilities.log()[None].expand(20_000, 4)
+    draws = sample_next_token(logits, 1.0, None, torch.Generator().manual_seed(2), top_p=0.7).squeeze(1)
+    frequencies = torch.bincount(draws, minlength=4) / len(draws)
+    torch.testing.assert_close(frequencies, torch.tensor([0.625, 0.375, 0.0, 0.0]), rtol=0, atol=0.015)
+    draws = sample_next_token(logits, 1.0, None, torch.Generator().manual_seed(3), top_p=0.5).squeeze(1)
+    assert torch.all(draws == 0)
+    with pytest.raises(ValueError, match="top_p"):
+        GPT(model_config("tiny", vocab_size=30)).generate(torch.zeros(1, 1, dtype=torch.long), 2, top_p=0.0)
+
+
+def test_generation_stops_at_the_stop_token_row_by_row():
+    """A row that emits the stop token repeats it from then on, and decoding ends once every row has: the
+    greedy tokens before the stop equal the unstopped decode's."""
+    torch.manual_seed(21)
+    model = GPT(model_config("tiny", vocab_size=12))
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    prompt = torch.randint(0, 12, (4, 3))
+    free = model.generate(prompt, 30, temperature=0)
+    new = free[:, 3:]
+    # The stop token: the token some row emits first, not at its first step (so that row stops mid-way).
+    stop = int(new[0, 1:].mode().values)
+    stopped = model.generate(prompt, 30, temperature=0, stop_token=stop)
+    for row in range(4):
+        hits = (new[row] == stop).nonzero()
+        if len(hits) == 0:
+            assert torch.equal(stopped[row, 3 : 3 + new.shape[1]], new[row][: stopped.shape[1] - 3])
+            continue
+        first = int(hits[0])
+        assert torch.equal(stopped[row, 3 : 3 + first + 1], new[row, : first + 1])
+        assert torch.all(stopped[row, 3 + first :] == stop)
+    ended_all = all((new[row] == stop).any() for row in range(4))
+    if ended_all:
+        last = max(int((new[row] == stop).nonzero()[0]) for row in range(4))
+        assert stopped.shape[1] == 3 + last + 1, "decoding ends once every row has stopped"

@@ -75,7 +75,10 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(sample_corpus, mlflow_server, tmp_path_factory):
-    """Train (torchrun, 2 ranks) and report through `pretrain train` / `pretrain report`, as Airflow tasks."""
+    """Train (torchrun, 2 ranks), export, evaluate and report through `pretrain train` / `export` /
+    `evaluate` / `report`, as Airflow tasks."""
+    from pipeline.evaluate.__main__ import main as evaluate_main
+    from pipeline.export.__main__ import main as export_main
     from pipeline.report.__main__ import main as report_main
     from pipeline.train.__main__ import main as train_main
 
@@ -102,8 +105,9 @@ def trained(sample_corpus, mlflow_server, tmp_path_factory):
             patch.setenv(key, value)
         patch.setenv("AIRFLOW_CTX_TASK_ID", "train")
         assert train_main(argv) == 0
-        patch.setenv("AIRFLOW_CTX_TASK_ID", "report")
-        assert report_main(argv) == 0
+        for task, main in (("export", export_main), ("evaluate", evaluate_main), ("report", report_main)):
+            patch.setenv("AIRFLOW_CTX_TASK_ID", task)
+            assert main(argv) == 0
     config = load_config(None, overrides, environ={})  # what the stages resolved
     return config, snapshot, MlflowClient(mlflow_server, registry_uri=mlflow_server), mlflow_server
 
@@ -155,10 +159,18 @@ def test_training_run_holds_params_metrics_artifacts_and_tags(trained):
         "tokenizer/tokenizer.json",
         "samples/generations.json",
         "samples/generations.txt",
-        "model/model.pt",
-        "model/checkpoint.json",
-        "model/model_config.json",
-        "model/tokenizer.json",
+        "model/MLmodel",
+        "model/hf_generator.py",
+        "model/artifacts/hf_model/config.json",
+        "model/artifacts/hf_model/model.safetensors",
+        "model/artifacts/hf_model/tokenizer.json",
+        "model/artifacts/checkpoint/model.pt",
+        "model/artifacts/checkpoint/checkpoint.json",
+        "model/artifacts/checkpoint/model_config.json",
+        "evaluation/metrics.json",
+        "evaluation/generations.json",
+        "evaluation/plots/loss_by_language.png",
+        "model/artifacts/checkpoint/tokenizer.json",
     } <= artifacts
     assert {
         f"manifests/{stage}/manifest.json" for stage in ("crawl", "clean", "tokenize", "train")
@@ -233,10 +245,102 @@ def test_stage_runs_nest_under_the_dag_run(trained):
     children = {
         r.data.tags["pretrain.stage"]: r for r in runs if r.data.tags.get(PARENT_TAG) == parent.info.run_id
     }
-    assert set(children) == {"train", "report"}
+    assert set(children) == {"train", "export", "evaluate", "report"}
     report_inputs = children["report"].inputs.dataset_inputs
     train_digest = DatasetRef.of(config, "train", snapshot).manifest().digest
     contexts = [
         ({t.key: t.value for t in d.tags}["mlflow.data.context"], d.dataset.digest) for d in report_inputs
     ]
     assert ("input", train_digest) in contexts
+
+
+@pytest.mark.slow
+def test_the_registered_version_generates_text_without_this_project(trained):
+    """Loaded with mlflow.pyfunc (its code is the logged hf_generator.py, its weights the exported folder) in a
+    fresh interpreter where `pipeline` cannot be imported (so the pyfunc needs nothing of this project), the registered version continues prompts greedily
+    with the same tokens as our own model's KV-cache decoding."""
+    config, snapshot, _client, server = trained
+    report = DatasetRef.of(config, "report", snapshot).manifest()
+    name, version = report.extra["registered_model"], report.extra["model_version"]
+    prompts = ["The", "In the garden"]
+    script = (
+        # The venv has this project installed; None in sys.modules makes any `import pipeline` fail.
+        "import json, sys\nsys.modules['pipeline'] = None\nimport mlflow\n"
+        f"model = mlflow.pyfunc.load_model('models:/{name}/{version}')\n"
+        f"print(json.dumps(model.predict({prompts!r}, params={{'max_new_tokens': 12}})))\n"
+    )
+    outside = Path(config.project.data_root).parent / "outside"
+    outside.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script],
+        cwd=outside,
+        env={"MLFLOW_TRACKING_URI": server, "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    completions = json.loads(done.stdout.strip().splitlines()[-1])
+
+    from tokenizers import Tokenizer
+
+    from pipeline.tracking.samples import greedy_generate
+
+    model = load_model(f"models:/{name}/{version}", tracking=server)
+    tokenizer = Tokenizer.from_file(str(DatasetRef.of(config, "tokenize", snapshot).path / "tokenizer.json"))
+    eos = tokenizer.token_to_id(config.tokenizer.eos_token)
+    expected = [tokenizer.decode(greedy_generate(model, tokenizer.encode(p).ids, 12, eos)) for p in prompts]
+    assert completions == expected
+
+
+@pytest.mark.slow
+def test_the_export_of_the_trained_checkpoint_loads_offline_with_our_logits(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config, snapshot, _client, _server = trained
+    export = DatasetRef.of(config, "export", snapshot)
+    train = DatasetRef.of(config, "train", snapshot)
+    assert export.run == train.run  # one exported folder per training run
+    model = load_model_from(train)
+    hf = AutoModelForCausalLM.from_pretrained(export.path, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(export.path, local_files_only=True)
+    ids = torch.tensor([tokenizer("The bees are in the garden")["input_ids"]])
+    with torch.no_grad():
+        assert (model(ids).logits - hf(ids).logits).abs().max().item() <= 1e-4
+    card = (export.path / "README.md").read_text()
+    lineage = json.loads((export.path / "export.json").read_text())
+    assert lineage["train_run"] == train.run and lineage["dataset_digests"]["tokenize"] in card
+    assert train.manifest().extra["mlflow_run_id"] in card
+
+
+@pytest.mark.slow
+def test_evaluation_breaks_the_held_out_loss_down_and_the_generate_command_stops_at_end_of_text(trained):
+    from pipeline.evaluate.generate import generate
+
+    config, snapshot, client, _server = trained
+    metrics = json.loads((DatasetRef.of(config, "evaluate", snapshot).path / "metrics.json").read_text())
+    overall = metrics["overall"]
+    assert overall["documents"] >= 1 and overall["tokens"] > 0
+    for key in ("by_language", "by_host"):
+        groups = metrics[key]
+        assert sum(g["tokens"] for g in groups.values()) == overall["tokens"]
+        weighted = sum(g["loss"] * g["tokens"] for g in groups.values()) / overall["tokens"]
+        assert weighted == pytest.approx(overall["loss"])
+    report = DatasetRef.of(config, "report", snapshot).manifest()
+    (logged,) = client.get_metric_history(report.extra["mlflow_run_id"], "eval_loss")
+    assert logged.value == pytest.approx(overall["loss"])
+
+    argv = ["--snapshot", snapshot, "--set", f"project.data_root={config.project.data_root}"]
+    results = generate([*argv, "--prompt", "The", "--temperature", "0", "--max-tokens", "40"])
+    (result,) = results
+    assert result["tokens"] <= 40 and "<|endoftext|>" not in result["completion"]
+    sampled = generate([*argv, "--prompt", "The", "--temperature", "1", "--top-p", "0.9", "--seed", "3"])
+    assert sampled == generate(
+        [*argv, "--prompt", "The", "--temperature", "1", "--top-p", "0.9", "--seed", "3"]
+    )
+
+
+def load_model_from(train: DatasetRef):
+    from pipeline.export.trained import TrainedRun
+
+    return TrainedRun.of(train).model()
