@@ -69,7 +69,14 @@ def test_the_registry_refuses_a_stage_that_reads_one_declared_after_it():
 
 
 def test_downstream_follows_reads_transitively():
-    assert [entry.name for entry in downstream("dedup")] == ["quality", "tokenize", "train", "report"]
+    assert [entry.name for entry in downstream("dedup")] == [
+        "quality",
+        "tokenize",
+        "train",
+        "export",
+        "evaluate",
+        "report",
+    ]
     assert downstream("report") == []
 
 

@@ -99,7 +99,8 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
 
     dag = dagbag.dags["pretrain"]
     assert list(dag.timetable.asset_condition.objects) == [TOKEN_SHARDS]
-    assert_chain(dag, ["training_run", "train", "report"])
+    assert_chain(dag, ["training_run", "train", "export", "report"])
+    assert_chain(dag, ["train", "evaluate", "report"])
     train = dag.get_task("train")
     assert type(train).__name__ == "PyTorchJobOperator" and train.execution_timeout == TRAINING_TIMEOUT
     form = {
@@ -173,10 +174,11 @@ def test_a_runs_sources_become_validated_ingest_overrides():
 
 def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
     dag = dagbag.dags["pretrain_pipeline"]
-    order = ["crawl", "clean", "dedup", "tokenize", "train", "report"]
+    order = ["crawl", "clean", "dedup", "tokenize", "train", "export", "report"]
     assert type(dag.get_task("crawl")).__name__ == "CrawlOperator" and not dag.get_task("crawl").merge
-    assert sorted(dag.task_ids) == sorted(order)
+    assert sorted(dag.task_ids) == sorted([*order, "evaluate"])
     assert_chain(dag, order)
+    assert_chain(dag, ["train", "evaluate", "report"])
     assert dag.get_task("train").launcher == "local"
     assert set(dag.params) >= {"snapshot", "config_path", "overrides"}
 

@@ -52,6 +52,29 @@ def test_shards_hold_every_document_once_with_eos(sample_corpus):
 
 
 @pytest.mark.slow
+def test_each_validation_shard_names_its_documents_in_order(sample_corpus):
+    """``<shard>.docs.parquet`` row i is document i of its shard: decoding that document gives the text of the
+    clean document with the row's id, and the row's host and language are that document's."""
+    config, snapshot = sample_corpus
+    tokens = DatasetRef.of(config, "tokenize", snapshot)
+    tokenizer = Tokenizer.from_file(str(tokens.path / "tokenizer.json"))
+    clean = pq.read_table(DatasetRef.of(config, "clean", snapshot).path / "documents").to_pylist()
+    by_id = {row["id"]: row for row in clean}
+    prefixes = shard_prefixes(tokens.path / "validation")
+    assert prefixes and not list((tokens.path / "train").glob("*" + tokenize_job.DOCUMENTS_SUFFIX))
+    for prefix in prefixes:
+        shard = Shard(prefix)
+        described = pq.read_table(prefix.with_name(prefix.name + tokenize_job.DOCUMENTS_SUFFIX)).to_pylist()
+        assert len(described) == len(shard)
+        for index, row in enumerate(described):
+            source = by_id[row["id"]]
+            assert tokenizer.decode(shard.document(index).tolist()[:-1]) == unicodedata.normalize(
+                "NFKC", source["text"]
+            )
+            assert (row["domain"], row["lang"]) == (source["domain"], source["lang"])
+
+
+@pytest.mark.slow
 def test_manifest_lists_each_shard_with_counts_and_checksums(sample_corpus):
     config, snapshot = sample_corpus
     ref = DatasetRef.of(config, "tokenize", snapshot)
