@@ -107,6 +107,8 @@ def write_token_corpus(
                 "vocab_size": tokenizer.get_vocab_size(),
                 "eos_id": eos_id,
                 "pad_id": tokenizer.token_to_id(tokenizer_config.pad_token),
+                "eos_token": tokenizer_config.eos_token,
+                "pad_token": tokenizer_config.pad_token,
             },
         )
     return ref

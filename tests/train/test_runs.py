@@ -82,6 +82,8 @@ def test_a_sweep_of_concurrent_trainings_and_their_reports_keep_every_registered
     background, then `pretrain report` for each run."""
     from mlflow.tracking import MlflowClient
 
+    from pipeline.evaluate.__main__ import main as evaluate_main
+    from pipeline.export.__main__ import main as export_main
     from pipeline.report.__main__ import main as report_main
     from pipeline.tracking.mlflow_report import load_model
 
@@ -103,9 +105,8 @@ def test_a_sweep_of_concurrent_trainings_and_their_reports_keep_every_registered
     assert complete_runs(config) == sorted(rates.values())
 
     for run in rates.values():
-        assert (
-            report_main(["--config", str(path), "--snapshot", SNAPSHOT, "--set", f"train.run_id={run}"]) == 0
-        )
+        for main in (export_main, evaluate_main, report_main):
+            assert main(["--config", str(path), "--snapshot", SNAPSHOT, "--set", f"train.run_id={run}"]) == 0
     client = MlflowClient(store, registry_uri=store)
     versions = client.search_model_versions("name = 'pretrain-sample-tiny'")
     assert sorted(v.tags["train_run"] for v in versions) == sorted(rates.values())
