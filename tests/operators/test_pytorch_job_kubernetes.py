@@ -218,8 +218,8 @@ def test_wrong_credentials_are_refused(server, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db, monkeypatch):
     """The `pretrain` DAG through Airflow's dag.test(): the form's launcher, nodes, processes and steps reach
-    the PyTorchJob; the task defers, the trigger runs, execute_complete resumes. `report` is marked
-    success instead of run, since no pod trained anything."""
+    the PyTorchJob; the task defers, the trigger runs, execute_complete resumes. The stages after training are
+    marked success instead of run, since no pod trained anything."""
     from airflow.dag_processing.dagbag import DagBag
 
     from tests.dags.test_dagbag import DAGS_FOLDER
@@ -238,7 +238,7 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
             "snapshot": "2026-11-29",
             "overrides": [f"project.data_root={tmp_path / 'data'}"],
         },
-        mark_success_pattern="report",
+        mark_success_pattern="^(export|evaluate|report)$",
     )
     assert run.state == "success"
     assert server.count("POST") == 1 and server.count("DELETE") == 1 and server.count("GET", "/log") == 1
@@ -260,5 +260,7 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
     assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
         "training_run": "success",
         "train": "success",
+        "export": "success",
+        "evaluate": "success",
         "report": "success",
     }
