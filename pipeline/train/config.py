@@ -160,6 +160,9 @@ class TrainConfig(Section):
                 f"train.grad_accum={self.grad_accum}: a pipeline accumulates over train.microbatches; "
                 "leave train.grad_accum at 1 and raise train.microbatches"
             )
+        if self.grad_compression != "none" or self.compile:
+            key = "train.grad_compression" if self.grad_compression != "none" else "train.compile"
+            return f"{key} works on the whole model's DDP; with train.pipeline_stages={pp} leave it off"
         if interleaved and self.stages_per_rank == 1:
             return (
                 "train.stages_per_rank: interleaved_1f1b needs at least 2 virtual stages per rank; set "
