@@ -321,15 +321,27 @@ class Pipeline:
         self.pp.all_reduce(found_inf, op=dist.ReduceOp.MAX)
 
     def settle(self, placeholder: Batch) -> None:
-        """``parallel.settle_buckets`` for DDP stages: one throw-away step, RNG forked, gradients dropped."""
+        """``parallel.settle_buckets`` for DDP stages: one throw-away forward/backward of each stage on its
+        own (no pipeline), RNG forked, gradients dropped. DDP lays its buckets out again after its first
+        backward; left to the first step, GPipe's run of backwards without a forward between them records
+        the gradient order m times over and DDP's rebuild fails."""
         if self.dp.world_size == 1:
             return
+        rows = placeholder.inputs.size(0) // self.microbatches
+        tokens = placeholder.inputs[:rows]
+        hidden = torch.zeros(*tokens.shape, self.config.hidden_size, device=self.ctx.device)
         devices = [self.ctx.device.index] if self.ctx.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            self.forward_backward(placeholder, placeholder.targets.numel() * self.dp.world_size)
+            for module, stage in zip(self.modules, self.stage_indices, strict=True):
+                inputs = [tokens] if stage == 0 else [hidden.requires_grad_()]
+                if self.carries_router_losses and stage > 0:
+                    inputs += [torch.zeros((), device=self.ctx.device, requires_grad=True)] * 2
+                kwargs = {"document_ids": placeholder.document_ids[:rows]} if self.document_masking else {}
+                outputs = module(*inputs, **kwargs)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                sum(output.float().sum() for output in outputs).backward()
         for part in self.models:
             part.zero_grad(set_to_none=True)
-        self.reset_timers()
 
     # --- figures ------------------------------------------------------------------------------------------
 

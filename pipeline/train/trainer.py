@@ -153,9 +153,12 @@ class Trainer(Stateful):
         self.snapshot = snapshot
         self._stop: StopSignal | None = None
         self.ctx: DistributedContext = init_distributed(config)
+        self._output_entered = False
         try:
             self._build(input_stage)
-        except BaseException:
+        except BaseException as exc:
+            if self._output_entered:  # a refused resume must not keep the run locked for this process's life
+                self.output.__exit__(type(exc), exc, exc.__traceback__)
             self.ctx.close()
             raise
 
@@ -206,6 +209,7 @@ class Trainer(Stateful):
                 log.warning("train.resume=false: starting run %s over (%s)", self.run_id, self.output.path)
                 shutil.rmtree(self.output.path)
             self.output.__enter__()
+            self._output_entered = True
             record_run(self.output.path, config, self.run_id)
         ctx.barrier()
 
