@@ -223,6 +223,9 @@ class Pipeline:
         train = config.train
         ranks = train.pipeline_stages
         self.ctx, self.precision, self.config = ctx, precision, model.config
+        # GradScaler creates its scale on the first scale() call, which only the last stage makes: start it
+        # on every stage (the gradients arriving from the next stage are scaled alike).
+        precision.scale(torch.ones((), device=ctx.device))
         self.document_masking = train.document_masking
         self.microbatches = train.pipeline_microbatches
         self.stages_per_rank = train.stages_per_rank

@@ -501,7 +501,10 @@ class Trainer(Stateful):
     def save_checkpoint(self) -> Path:
         """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file."""
         with self.throughput.excluded():
-            return self.checkpoint.save(self.step)
+            path = self.checkpoint.save(self.step)
+            if self.pipeline is not None:
+                self.ctx.barrier()  # every pp rank's shard is written before rank 0 publishes or lists them
+            return path
 
     # --- the loop ---------------------------------------------------------------------------------------
 

@@ -177,6 +177,29 @@ def test_checkpoints_of_another_pipeline_layout_are_named(tmp_path):
     assert "train.pipeline_stages=2" in problem and "this run has train.pipeline_stages=1" in problem
 
 
+def test_fp16_stages_skip_and_back_off_together_when_any_stage_overflows():
+    # Two stages' scalers in one process; agree_found_inf stands in for the max all-reduce over the pp group.
+    from pipeline.train.components.amp import MixedPrecision
+
+    stages = []
+    for grad in (1.0, float("inf")):
+        precision = MixedPrecision("fp16", torch.device("cpu"))
+        weight = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.AdamW([weight], lr=0.1)
+        precision.scale(torch.ones(()))  # as Pipeline does: the scale exists on every stage
+        weight.grad = torch.full((3,), grad)
+        stages.append((precision, weight, optimizer))
+    flags = [torch.ones(())]  # the other stage's verdict: an overflow there
+
+    def agree(found_inf):
+        found_inf.copy_(torch.maximum(found_inf, flags[0]))
+
+    for precision, weight, optimizer in stages:
+        precision.step(optimizer, [weight], 1.0, agree_found_inf=agree)
+        assert torch.equal(weight.detach(), torch.ones(3))  # no step taken, though this stage was finite
+        assert precision.skipped_steps == 1 and precision.loss_scale == 65536.0 * 0.5
+
+
 # --- under torchrun --------------------------------------------------------------------------------------
 
 
@@ -339,14 +362,21 @@ def test_pipeline_run_records_its_split_bubble_and_stage_sharded_checkpoints(one
     assert [shard["pipeline"]["stages"] for shard in shards] == [[0], [1]]
 
 
+# fp16 (one loss scale over the stages) and dropout (per-rank RNG): state a resume must restore exactly.
+RESUMED = (*SCHEDULES["1f1b"], "train.precision=fp16", "model.overrides={num_hidden_layers: 4, dropout: 0.1}")
+
+
 @pytest.mark.slow
-def test_pipeline_resumes_bit_for_bit_and_refuses_another_pipeline_layout(one_f_one_b, tmp_path):
-    expected_losses, _, expected_shards, _ = one_f_one_b
+def test_pipeline_resumes_bit_for_bit_and_refuses_another_pipeline_layout(tmp_path):
+    reference, _, _ = pipeline_run(tmp_path / "uninterrupted", 2, *RESUMED)
+    expected_losses = losses(reference, SNAPSHOT)
+    done = DatasetRef.of(reference, "train", SNAPSHOT).path / "checkpoints"
+    expected_shards = [Checkpointer(done / shard_folder(r, 2)).load(10) for r in range(2)]
     # SIGTERM to the torchrun agent after step 5, as a preempting scheduler would send it.
     config, path, _ = pipeline_run(
         tmp_path,
         2,
-        *SCHEDULES["1f1b"],
+        *RESUMED,
         env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@5:rank=0:to=launcher"},
         ok=False,
     )
@@ -357,7 +387,9 @@ def test_pipeline_resumes_bit_for_bit_and_refuses_another_pipeline_layout(one_f_
     ]
 
     # The same run as one process: refused, naming the mismatch.
-    single = single_process(train_config(tmp_path / "data", LAYERS, "train.batch_size=8", *RUN[4:]), tmp_path)
+    single = single_process(
+        train_config(tmp_path / "data", *RESUMED[1:], "train.batch_size=8", *RUN[4:]), tmp_path
+    )
     with pytest.raises(
         CheckpointError, match=r"train.pipeline_stages=2, and this run has train.pipeline_stages=1"
     ):
@@ -370,6 +402,7 @@ def test_pipeline_resumes_bit_for_bit_and_refuses_another_pipeline_layout(one_f_
         shard = Checkpointer(output_path / "checkpoints" / shard_folder(rank, 2)).load(10)
         for name, tensor in expected["model"].items():
             assert torch.equal(shard["model"][name], tensor), name
+        assert shard["precision"] == expected["precision"]  # the same loss scale on both stages
 
 
 @pytest.mark.slow
