@@ -78,6 +78,40 @@ from pipeline.model import PRESETS
             description="torchrun processes per node, usually one per GPU; empty keeps train.nproc_per_node.",
             section="Training",
         ),
+        "pipeline_stages": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Pipeline stages",
+            description="Ranks the model is cut into by layers (pp; the other ranks are data parallel); "
+            "empty keeps train.pipeline_stages.",
+            section="Parallelism",
+        ),
+        "microbatches": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Micro-batches",
+            description="Micro-batches per step through the pipeline; empty keeps train.microbatches.",
+            section="Parallelism",
+        ),
+        "pipeline_schedule": Param(
+            None,
+            type=["null", "string"],
+            enum=[None, "gpipe", "1f1b", "interleaved_1f1b"],
+            title="Pipeline schedule",
+            description="gpipe, 1f1b or interleaved_1f1b; empty keeps train.pipeline_schedule.",
+            section="Parallelism",
+        ),
+        "stages_per_rank": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Stages per rank",
+            description="Virtual stages per rank (interleaved_1f1b needs 2 or more); empty keeps "
+            "train.stages_per_rank.",
+            section="Parallelism",
+        ),
         "mlflow_experiment": Param(
             None,
             type=["null", "string"],

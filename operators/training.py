@@ -25,6 +25,10 @@ PARAM_KEYS = {
     "nodes": "train.nnodes",
     "processes_per_node": "train.nproc_per_node",
     "precision": "train.precision",
+    "pipeline_stages": "train.pipeline_stages",
+    "microbatches": "train.microbatches",
+    "pipeline_schedule": "train.pipeline_schedule",
+    "stages_per_rank": "train.stages_per_rank",
     "mlflow_experiment": "tracking.experiment",
 }
 CONFIG_FILE = "pretrain-config.yaml"

@@ -10,17 +10,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from pipeline.core.config import ConfigError, CoreConfig, load_tree
 from pipeline.core.storage import validate_run_id
+from pipeline.model.config import model_config
 from pipeline.stages import BY_NAME, config_sections
+from pipeline.train.config import pipeline_layout_problem
 
 __all__ = ["ConfigError", "PipelineConfig", "load_config"]
 
 
 class _PipelineTree(CoreConfig):
     """What the whole tree knows beyond the shared sections: which stages keep one output per run."""
+
+    @model_validator(mode="after")
+    def _pipeline_fits_model(self):
+        """Checks across sections, before any work: the pipeline split against the model and the batching."""
+        layers = model_config(self.model.preset, **self.model.overrides).num_hidden_layers
+        problem = pipeline_layout_problem(self.train, layers, self.data.batching)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def keeps_runs(self, stage: str) -> bool:
         entry = BY_NAME.get(stage)

@@ -217,6 +217,14 @@ def render_pytorch_job(
         if value is not None
     }
     annotations["pretrain.dev/config-hash"] = config.hash
+    train = config.train
+    if train.pipeline_stages > 1:
+        # For whoever reads the job: the pods' ranks form pp x dp (the config in the pods says the same).
+        ranks = train.nnodes * train.nproc_per_node
+        annotations["pretrain.dev/pipeline"] = (
+            f"pp={train.pipeline_stages} x dp={ranks // train.pipeline_stages}, {train.pipeline_schedule}, "
+            f"microbatches={train.pipeline_microbatches}, stages_per_rank={train.stages_per_rank}"
+        )
     template = _pod_template(
         config,
         settings,

@@ -258,6 +258,24 @@ class GPTConfig:
         )
         return 6 * matmul + 12 * attention
 
+    def layer_flops_per_token(self, layer: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token of block ``layer``: its share of ``flops_per_token`` (attention, MLP or
+        the top-k experts with the router). What a pipeline split balances."""
+        seq_len = seq_len or self.max_position_embeddings
+        matmul = self.attention_parameters()
+        if layer in self.moe_layer_indices:
+            expert = self.mlp_parameters(self.expert_intermediate_size)
+            matmul += self.hidden_size * self.num_experts + self.moe_top_k * expert
+            matmul += expert if self.moe_shared_expert else 0
+        else:
+            matmul += self.mlp_parameters(self.intermediate_size)
+        attention = self.num_attention_heads * self.head_dim * self.mean_attended_keys(seq_len)
+        return 6 * matmul + 12 * attention
+
+    def head_flops_per_token(self) -> float:
+        """Training FLOPs per token of the lm_head (the rest of ``flops_per_token``; the lookup costs none)."""
+        return 6 * self.vocab_size * self.hidden_size
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:

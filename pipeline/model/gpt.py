@@ -325,6 +325,21 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp(self.mlp_norm(x))), None
 
 
+def training_loss(
+    config: GPTConfig,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    aux_loss: torch.Tensor | None,
+    z_loss: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lm_loss): the token-mean cross-entropy plus the weighted router losses (see GPTOutput)."""
+    lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+    loss = lm_loss
+    if aux_loss is not None:
+        loss = loss + config.router_aux_loss_coef * aux_loss + config.router_z_loss_coef * z_loss
+    return loss, lm_loss
+
+
 @dataclass
 class GPTOutput:
     """What GPT.forward returns. ``logits, loss = model(...)`` unpacks the first two fields.
@@ -376,8 +391,11 @@ class GPT(nn.Module):
 
         document_ids: per-token ids from packed data; a token attends only to earlier tokens with its id.
         cache: continue after the cache's positions, appending this call's keys and values to it.
+        A pipeline stage (pipeline.train.pipeline_parallel) lacks the embedding or the head: without the
+        embedding input_ids is the previous stage's residual stream (batch, seq, hidden); without the head
+        ``logits`` is this stage's residual stream.
         """
-        batch, seq = input_ids.shape
+        batch, seq = input_ids.shape[:2]
         offset = cache.length if cache is not None else 0
         if offset + seq > self.config.max_position_embeddings:
             raise ValueError(
@@ -385,7 +403,7 @@ class GPT(nn.Module):
                 f"{self.config.max_position_embeddings}"
             )
         if document_ids is not None:
-            if document_ids.shape != input_ids.shape:
+            if document_ids.shape != (batch, seq):
                 raise ValueError(
                     f"document_ids shape {tuple(document_ids.shape)} != input_ids {(batch, seq)}"
                 )
@@ -395,7 +413,7 @@ class GPT(nn.Module):
         mask = self._attention_mask(offset, seq, document_ids, input_ids.device, cache is not None)
         recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
 
-        x = self.dropout(self.embed_tokens(input_ids))
+        x = input_ids if self.embed_tokens is None else self.dropout(self.embed_tokens(input_ids))
         aux_losses, z_losses = [], []
         for block in self.blocks:
             if recompute and cache is None:
@@ -407,20 +425,13 @@ class GPT(nn.Module):
                 z_losses.append(router_losses[1])
         if cache is not None:
             cache.length += seq
-        logits = self.lm_head(self.norm(x))
+        logits = x if self.lm_head is None else self.lm_head(self.norm(x))
 
         out = GPTOutput(logits)
         if aux_losses:
             out.aux_loss, out.z_loss = torch.stack(aux_losses).sum(), torch.stack(z_losses).sum()
         if targets is not None:
-            out.lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-            out.loss = out.lm_loss
-            if aux_losses:
-                out.loss = (
-                    out.loss
-                    + self.config.router_aux_loss_coef * out.aux_loss
-                    + self.config.router_z_loss_coef * out.z_loss
-                )
+            out.loss, out.lm_loss = training_loss(self.config, logits, targets, out.aux_loss, out.z_loss)
         return out
 
     def _attention_mask(

@@ -21,7 +21,9 @@ class TrainConfig(Section):
     steps: int = Field(40, gt=0, le=MAX_STEPS, description="optimizer steps")
     batch_size: int = Field(8, gt=0, le=1 << 16, description="sequences per rank per micro-step")
     seq_len: int = Field(64, gt=1, le=MAX_SEQ_LEN, description="tokens per training sequence")
-    grad_accum: int = Field(1, gt=0, le=1 << 16, description="micro-steps per optimizer step")
+    grad_accum: int = Field(
+        1, gt=0, le=1 << 16, description="micro-steps per optimizer step (a pipeline runs train.microbatches)"
+    )
     lr: float = Field(3e-3, gt=0, le=10, description="peak learning rate (AdamW)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr x this")
     warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="linear warm-up steps before the cosine")
@@ -86,6 +88,28 @@ class TrainConfig(Section):
     max_restarts: int = Field(
         3, ge=0, description="torchrun restarts the worker group this often after a failure"
     )
+    pipeline_stages: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="pipeline parallelism: ranks a model is cut into by layers (the pp of a pp x dp mesh); "
+        "1 keeps every rank holding the whole model",
+    )
+    microbatches: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 16,
+        description="pipeline: micro-batches train.batch_size is split into per step; default "
+        "pipeline_stages (the fewest 1F1B accepts)",
+    )
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b",
+        description="torch.distributed.pipelining schedule: all forwards then all backwards (gpipe), "
+        "one forward one backward (1f1b), or 1F1B over stages_per_rank virtual stages (interleaved_1f1b)",
+    )
+    stages_per_rank: int = Field(
+        1, ge=1, le=64, description="virtual pipeline stages per rank; above 1 only with interleaved_1f1b"
+    )
     threads_per_rank: int | None = Field(
         None,
         gt=0,
@@ -105,7 +129,86 @@ class TrainConfig(Section):
             raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
         if self.min_nnodes is not None and self.min_nnodes > self.nnodes:
             raise ValueError(f"min_nnodes ({self.min_nnodes}) must not exceed nnodes ({self.nnodes})")
+        problem = self.pipeline_problem()
+        if problem:
+            raise ValueError(problem)
         return self
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        return self.microbatches or self.pipeline_stages
+
+    @property
+    def pipeline_stage_count(self) -> int:
+        """Pipeline stages of the model: pipeline_stages ranks x stages_per_rank virtual stages each."""
+        return self.pipeline_stages * self.stages_per_rank
+
+    def pipeline_problem(self, world_size: int | None = None) -> str | None:
+        """What is wrong with the pipeline settings (naming the key), or None. ``world_size``: the ranks a
+        launcher started, checked by each rank before it builds anything; else nproc_per_node x nnodes."""
+        pp, m = self.pipeline_stages, self.pipeline_microbatches
+        interleaved = self.pipeline_schedule == "interleaved_1f1b"
+        if pp == 1:
+            if self.stages_per_rank > 1 or self.microbatches not in (None, 1):
+                return (
+                    "train.stages_per_rank and train.microbatches split a pipeline; set "
+                    "train.pipeline_stages above 1 (or leave them at 1)"
+                )
+            return None
+        if self.grad_accum != 1:
+            return (
+                f"train.grad_accum={self.grad_accum}: a pipeline accumulates over train.microbatches; "
+                "leave train.grad_accum at 1 and raise train.microbatches"
+            )
+        if self.grad_compression != "none" or self.compile:
+            key = "train.grad_compression" if self.grad_compression != "none" else "train.compile"
+            return f"{key} works on the whole model's DDP; with train.pipeline_stages={pp} leave it off"
+        if interleaved and self.stages_per_rank == 1:
+            return (
+                "train.stages_per_rank: interleaved_1f1b needs at least 2 virtual stages per rank; set "
+                "train.stages_per_rank=2 or more, or train.pipeline_schedule=1f1b"
+            )
+        if not interleaved and self.stages_per_rank > 1:
+            return (
+                f"train.stages_per_rank={self.stages_per_rank}: only interleaved_1f1b runs several stages "
+                f"per rank, not {self.pipeline_schedule}"
+            )
+        # 1F1B keeps pp micro-batches in flight; interleaved rounds of pp micro-batches each (the paper's rule,
+        # stricter than torch's, so every round is full and the bubble is what (p-1)/(v*m+p-1) says).
+        if self.pipeline_schedule == "1f1b" and m < pp:
+            return f"train.microbatches={m}: 1f1b needs at least train.pipeline_stages={pp} micro-batches"
+        if interleaved and m % pp:
+            return f"train.microbatches={m}: interleaved_1f1b needs a multiple of train.pipeline_stages={pp}"
+        if self.batch_size % m:
+            return (
+                f"train.batch_size={self.batch_size} does not split into train.microbatches={m} equal "
+                "micro-batches"
+            )
+        ranks = world_size if world_size is not None else self.nproc_per_node * self.nnodes
+        if ranks % pp:
+            where = "WORLD_SIZE" if world_size is not None else "train.nproc_per_node x train.nnodes"
+            return f"train.pipeline_stages={pp} does not divide the {ranks} ranks ({where})"
+        if self.min_nnodes is not None and (self.min_nnodes * self.nproc_per_node) % pp:
+            return (
+                f"train.pipeline_stages={pp} does not divide the {self.min_nnodes * self.nproc_per_node} "
+                "ranks of train.min_nnodes"
+            )
+        return None
+
+
+def pipeline_layout_problem(train: TrainConfig, layers: int, batching: str) -> str | None:
+    """The pipeline checks that need other sections: every stage gets at least one block, and micro-batches
+    have one shape (a pipeline stage receives fixed-size activations)."""
+    if train.pipeline_stages == 1:
+        return None
+    if layers < train.pipeline_stage_count:
+        return (
+            f"train.pipeline_stages={train.pipeline_stages} x train.stages_per_rank={train.stages_per_rank} "
+            f"stages need at least as many layers; the model has {layers} (model.num_hidden_layers)"
+        )
+    if batching != "packed":
+        return f"train.pipeline_stages={train.pipeline_stages} needs data.batching=packed, not {batching}"
+    return None
 
 
 class DistributedConfig(Section):

@@ -44,6 +44,9 @@ class DistributedContext:
     backend: str
     control_group: Any  # gloo ProcessGroup for CPU tensors; None means the (gloo) default group
     owns_process_group: bool
+    # A sub-context (one dimension of the pipeline's pp x dp mesh) talks over its own groups; rank and
+    # world_size are then the ones inside the group. None: the default group.
+    group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -52,7 +55,7 @@ class DistributedContext:
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """In place over the main group (device tensors); a no-op for a single process."""
         if self.world_size > 1:
-            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(tensor, op=op, group=self.group)
         return tensor
 
     def any_rank(self, flag: bool) -> bool:
@@ -75,7 +78,7 @@ class DistributedContext:
         if self.world_size == 1:
             return [obj]
         gathered = [None] * self.world_size if self.is_main else None
-        dist.gather_object(obj, gathered, dst=0, group=self.control_group)
+        dist.gather_object(obj, gathered, group=self.control_group, group_dst=0)
         return gathered
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -83,7 +86,7 @@ class DistributedContext:
         if self.world_size == 1:
             return obj
         holder = [obj if self.is_main else None]
-        dist.broadcast_object_list(holder, src=0, group=self.control_group)
+        dist.broadcast_object_list(holder, group=self.control_group, group_src=0)
         return holder[0]
 
     def barrier(self) -> None:
@@ -184,12 +187,14 @@ def init_distributed(config: PipelineConfig) -> DistributedContext:
 
 
 def data_parallel(model: torch.nn.Module, ctx: DistributedContext, train: TrainConfig) -> torch.nn.Module:
-    """DDP around the model for more than one rank; the bare model for one (nothing to reduce)."""
+    """DDP around the model for more than one rank of ``ctx`` (a pipeline stage's: its "dp" group); the bare
+    model for one (nothing to reduce)."""
     if ctx.world_size == 1:
         return model
     return DistributedDataParallel(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        process_group=ctx.group,
         bucket_cap_mb=train.bucket_cap_mb,
         # The only buffers are RoPE tables, identical everywhere: do not broadcast them every forward.
         forward_sync_buffers=False,

@@ -40,10 +40,12 @@ from pipeline.model import GPTConfig, model_config
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
+    Checkpointer,
     CheckpointError,
     CheckpointManager,
     PerRankState,
     RNGState,
+    load_latest_of,
     seed_everything,
 )
 from pipeline.train.components.evaluation import Validator, perplexity
@@ -60,6 +62,12 @@ from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
 from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
+from pipeline.train.pipeline_parallel import (
+    Pipeline,
+    PipelineModelState,
+    checkpoint_layout_problem,
+    shard_folder,
+)
 from pipeline.train.runs import identity_differences, record_run, resolve_run, resume_identity, run_ref
 from pipeline.train.threads import set_rank_threads
 
@@ -118,8 +126,11 @@ class Trainer(Stateful):
     tokens_ref: DatasetRef
     output: StageOutput
     model_config: GPTConfig
-    model: GPT
-    parallel_model: torch.nn.Module  # DDP around model; model itself on one rank
+    model: GPT | torch.nn.ModuleList  # the whole model; under a pipeline this rank's stages (their parts)
+    pipeline: (
+        Pipeline | None
+    )  # train.pipeline_stages > 1: this rank's stages, their schedule, the pp x dp mesh
+    parallel_model: torch.nn.Module  # DDP around model; model itself on one rank (and under a pipeline)
     forward_model: torch.nn.Module  # parallel_model, compiled when train.compile
     precision: MixedPrecision
     loader: DistributedBatchLoader | TokenBudgetBatchLoader
@@ -142,9 +153,12 @@ class Trainer(Stateful):
         self.snapshot = snapshot
         self._stop: StopSignal | None = None
         self.ctx: DistributedContext = init_distributed(config)
+        self._output_entered = False
         try:
             self._build(input_stage)
-        except BaseException:
+        except BaseException as exc:
+            if self._output_entered:  # a refused resume must not keep the run locked for this process's life
+                self.output.__exit__(type(exc), exc, exc.__traceback__)
             self.ctx.close()
             raise
 
@@ -152,6 +166,8 @@ class Trainer(Stateful):
 
     def _build(self, input_stage: str) -> None:
         config, train, ctx = self.config, self.train_config, self.ctx
+        if train.pipeline_stages > 1 and (problem := train.pipeline_problem(ctx.world_size)):
+            raise ConfigError(problem)
         self.device = ctx.device
         self.threads = set_rank_threads(train)
         if self.device.type == "cpu" and train.keep_host_memory and keep_freed_host_memory():
@@ -160,7 +176,26 @@ class Trainer(Stateful):
         tokens_manifest = self.tokens_ref.manifest()
         self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
         seed_everything(config.project.seed)  # the same initial weights on every rank
+        self.precision = MixedPrecision(train.precision, self.device)
+        self.pipeline = None
         self.model = GPT(self.model_config).to(self.device)
+        if train.pipeline_stages > 1:
+            # Cut from the same initial weights a single process would train.
+            self.pipeline = Pipeline(self.model, ctx, config, self.precision)
+            self.model = torch.nn.ModuleList(self.pipeline.models)
+            log.info(
+                "pipeline: %d stage(s) on %d pp rank(s) x %d dp rank(s), %s, %d micro-batches, theoretical "
+                "bubble %.3f; %s; this rank holds stage(s) %s",
+                self.pipeline.split.num_stages,
+                self.pipeline.pp.world_size,
+                self.pipeline.dp.world_size,
+                train.pipeline_schedule,
+                self.pipeline.microbatches,
+                self.pipeline.theoretical_bubble,
+                self.pipeline.split.describe(),
+                self.pipeline.stage_indices,
+            )
+        data = self.pipeline.dp if self.pipeline is not None else ctx  # whose ranks share the data
 
         self.run_id = self._agree_on_run()
         self.config = config = config.with_run(self.run_id)  # what the metrics sinks and checkpoints record
@@ -174,18 +209,21 @@ class Trainer(Stateful):
                 log.warning("train.resume=false: starting run %s over (%s)", self.run_id, self.output.path)
                 shutil.rmtree(self.output.path)
             self.output.__enter__()
+            self._output_entered = True
             record_run(self.output.path, config, self.run_id)
         ctx.barrier()
 
-        self.precision = MixedPrecision(train.precision, self.device)
-        self.parallel_model = data_parallel(self.model, ctx, train)
+        # A pipeline's stages are data parallel each (Pipeline wraps them), the rank's parts together are not.
+        self.parallel_model = data_parallel(self.model, ctx, train) if self.pipeline is None else self.model
         self.loader = build_train_loader(
             self.tokens_ref.path / "train",
             config,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
+            rank=data.rank,
+            world_size=data.world_size,
             pad_id=tokens_manifest.extra.get("pad_id"),
         )
+        if self.pipeline is not None:
+            self.pipeline.settle(Batch(*self._placeholder_batch(), self._placeholder_batch()[0]))
         settle_buckets(self.parallel_model, self._placeholder_batch, self.precision.autocast)
         self.compression = None
         if self.parallel_model is not self.model:
@@ -200,7 +238,7 @@ class Trainer(Stateful):
                 self.compression.register(self.parallel_model)
         elif train.grad_compression != "none":
             log.info("one process: no gradient all-reduce, so train.grad_compression has nothing to do")
-        self.optimizer = build_optimizer(self.model, train, self.device)
+        self.optimizer = build_optimizer(self.model, train, self.device, process_group=data.group)
         self.scheduler = build_lr_scheduler(self.optimizer, train)
         self.forward_model = torch.compile(self.parallel_model) if train.compile else self.parallel_model
 
@@ -209,27 +247,33 @@ class Trainer(Stateful):
         own_parts: dict[str, Stateful] = {"rng": RNGState(self.device)}
         if self.compression is not None:
             own_parts["compression"] = CompressionState(self.compression, self.device)
+        checkpoints = self.output.path / "checkpoints"
+        metadata = {
+            "config_hash": config.hash,
+            "resume_identity": resume_identity(config),
+            "model_config": asdict(self.model_config),
+        }
+        if self.pipeline is not None:
+            # Stage-sharded: each pp rank's dp rank 0 writes its stages' parts into a folder of its own.
+            checkpoints = self.pipeline.checkpoint_folder(checkpoints)
+            metadata["pipeline"] = {**self.pipeline.layout(), "stages": self.pipeline.stage_indices}
         self.checkpoint = CheckpointManager(
-            self.output.path / "checkpoints",
+            checkpoints,
             states={
-                "model": self.model,
-                "optimizer": OptimizerState(self.optimizer, ctx.rank),
+                "model": PipelineModelState(self.pipeline) if self.pipeline is not None else self.model,
+                "optimizer": OptimizerState(self.optimizer, data.rank),
                 "lr_scheduler": self.scheduler,
                 "precision": self.precision,
                 "dataloader": self.loader,
                 "train_state": self,
                 # After train_state: a resume on another number of ranks re-seeds with the restored step.
                 "rank_states": PerRankState(
-                    ctx, own_parts, on_other_world_size=self._reseed_after_resharding
+                    data, own_parts, on_other_world_size=self._reseed_after_resharding
                 ),
             },
-            is_main=ctx.is_main,
+            is_main=data.is_main,
             keep_last=train.keep_checkpoints,
-            metadata={
-                "config_hash": config.hash,
-                "resume_identity": resume_identity(config),
-                "model_config": asdict(self.model_config),
-            },
+            metadata=metadata,
         )
         restored = self._load_checkpoint()
         if restored is not None:
@@ -269,7 +313,7 @@ class Trainer(Stateful):
         )
         peak = peak_flops_per_device(train, self.device)
         self.throughput = Throughput(
-            self.model.flops_per_token(train.seq_len), peak * ctx.world_size if peak else None
+            self.model_config.flops_per_token(train.seq_len), peak * ctx.world_size if peak else None
         )
         self.fault = fault_for(ctx.rank)
         self._loss_sum = torch.zeros((), device=self.device)
@@ -297,17 +341,23 @@ class Trainer(Stateful):
     def _load_checkpoint(self) -> dict[str, Any] | None:
         """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it."""
         ctx, files = self.ctx, self.checkpoint.files
+        root, ranks = self.output.path / "checkpoints", self.train_config.pipeline_stages
+        # Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold.
+        shards = [Checkpointer(root / shard_folder(r, ranks)) for r in range(ranks)] if ranks > 1 else [files]
         decision: dict[str, Any] = {}
         state = None
         if ctx.is_main:
-            files.remove_partial_saves()
+            for shard in shards:
+                shard.remove_partial_saves()
             try:
-                restored = files.load_latest()
+                if problem := checkpoint_layout_problem(root, ranks):
+                    raise CheckpointError(problem)
+                restored = load_latest_of(shards)
             except CheckpointError as exc:
                 decision = {"error": str(exc)}
             else:
                 if restored is not None:
-                    step, state = restored
+                    step, (state, *_) = restored
                     differences = identity_differences(
                         state.get("resume_identity", {}), resume_identity(self.config)
                     )
@@ -361,6 +411,11 @@ class Trainer(Stateful):
         """Gradients of the token-mean loss over all ranks' micro-batches (DDP averages over ranks)."""
         ctx, train = self.ctx, self.train_config
         self.optimizer.zero_grad(set_to_none=True)
+        if self.pipeline is not None:  # its micro-batches are train.microbatches slices of one batch
+            (batch,) = batches
+            self._step_tokens = batch.num_tokens * self.pipeline.dp.world_size  # packed: every row is full
+            self._loss_sum = self.pipeline.forward_backward(batch.to(self.device), self._step_tokens)
+            return
         local_tokens = [batch.num_tokens for batch in batches]
         if self.config.data.batching == "packed":
             step_tokens = sum(local_tokens) * ctx.world_size  # every row is full
@@ -385,8 +440,15 @@ class Trainer(Stateful):
 
     def optimizer_step(self) -> None:
         """Clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
+        pipeline = self.pipeline
+        if pipeline is not None:
+            pipeline.sync_tied_gradients()
         self._grad_norm = self.precision.step(
-            self.optimizer, self.model.parameters(), self.train_config.grad_clip
+            self.optimizer,
+            self.model.parameters(),
+            self.train_config.grad_clip,
+            total_norm=pipeline.total_norm if pipeline is not None else None,
+            agree_found_inf=pipeline.agree_found_inf if pipeline is not None else None,
         )
         self.scheduler.step()
         self.step += 1
@@ -398,7 +460,8 @@ class Trainer(Stateful):
         self.optimizer_step()
         every = self.train_config.histogram_every
         if self.tensorboard is not None and every and self.step % every == 0:
-            self.tensorboard.histograms(self.model.named_parameters(), self.step)
+            parts = self.pipeline if self.pipeline is not None else self.model
+            self.tensorboard.histograms(parts.named_parameters(), self.step)
 
     # --- figures ----------------------------------------------------------------------------------------
 
@@ -415,12 +478,16 @@ class Trainer(Stateful):
         if self.precision.loss_scale is not None:
             figures["loss_scale"] = self.precision.loss_scale
         figures.update(memory_metrics(self.device))
-        figures.update(router_metrics(self.model))
+        figures.update(router_metrics(self.pipeline if self.pipeline is not None else self.model))
+        if self.pipeline is not None:
+            figures.update(self.pipeline.bubble_metrics())
         if self.compression is not None:
             figures.update(self.compression.stats.collect())
         return figures
 
     def evaluate(self) -> dict[str, float]:
+        if self.pipeline is not None:
+            return {}  # no rank holds the whole model; validation through the pipeline is not built yet
         with self.throughput.excluded():
             val_loss = self.validator.evaluate(self.model, self.precision.autocast, self.ctx.all_reduce)
             if self.device.type == "cuda":
@@ -434,7 +501,10 @@ class Trainer(Stateful):
     def save_checkpoint(self) -> Path:
         """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file."""
         with self.throughput.excluded():
-            return self.checkpoint.save(self.step)
+            path = self.checkpoint.save(self.step)
+            if self.pipeline is not None:
+                self.ctx.barrier()  # every pp rank's shard is written before rank 0 publishes or lists them
+            return path
 
     # --- the loop ---------------------------------------------------------------------------------------
 
@@ -457,8 +527,8 @@ class Trainer(Stateful):
             "training %s (%.2fM parameters, %.2fM active) on %d rank(s), %s, %s, %s, %s, compression %s: "
             "steps %d..%d",
             self.config.model.preset,
-            self.model.num_parameters() / 1e6,
-            self.model.num_active_parameters() / 1e6,
+            self.model_config.num_parameters() / 1e6,
+            self.model_config.num_active_parameters() / 1e6,
             ctx.world_size,
             self.device,
             self.threads,
@@ -508,6 +578,9 @@ class Trainer(Stateful):
         tokenizer_file = self.tokens_ref.path / "tokenizer.json"
         if self.tensorboard is None or not self.config.tracking.sample_tokens or not tokenizer_file.is_file():
             return
+        if self.pipeline is not None:
+            log.info("no samples: under a pipeline rank 0 holds only its stages")
+            return
         from tokenizers import Tokenizer
 
         from pipeline.tracking.samples import format_samples, greedy_generate
@@ -544,9 +617,10 @@ class Trainer(Stateful):
                     .as_posix(),
                     "world_size": ctx.world_size,
                     "restarts": self.restarts,
-                    "parameters": self.model.num_parameters(),
-                    "active_parameters": self.model.num_active_parameters(),
-                    "flops_per_token": self.model.flops_per_token(self.train_config.seq_len),
+                    "parameters": self.model_config.num_parameters(),
+                    "active_parameters": self.model_config.num_active_parameters(),
+                    "flops_per_token": self.model_config.flops_per_token(self.train_config.seq_len),
+                    "pipeline": self.pipeline.layout() if self.pipeline is not None else None,
                     "precision": self.train_config.precision,
                     "data_parallel": self.train_config.data_parallel,
                     "grad_compression": self.train_config.grad_compression,

@@ -19,6 +19,7 @@ from operators.kubeflow.manifest import (
     validate_pytorch_job,
 )
 from pipeline.config import load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.lineage import Lineage
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "docker" / "k8s"
@@ -89,6 +90,23 @@ def test_single_node_job_is_one_master_without_rendezvous():
     assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
     assert "elasticPolicy" not in job["spec"]
     assert "--standalone --nproc_per_node=2" in container(job)["command"][2]
+
+
+def test_pipeline_job_carries_its_layout_and_world_size():
+    # Two pods of one process each: the two pipeline stages on two nodes, as two torchrun agents run them.
+    _, job = render(
+        "train.nnodes=2", "train.nproc_per_node=1", "train.pipeline_stages=2", "train.microbatches=8"
+    )
+    spec = job["spec"]
+    assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1 and spec["nprocPerNode"] == "1"
+    assert job["metadata"]["annotations"]["pretrain.dev/pipeline"] == (
+        "pp=2 x dp=1, 1f1b, microbatches=8, stages_per_rank=1"
+    )
+    carried = yaml.safe_load(env(job)[CONFIG_ENV])["train"]
+    assert (carried["pipeline_stages"], carried["microbatches"]) == (2, 8)
+    validate_pytorch_job(job)  # raises unless the CRD schema and the core types accept it
+    with pytest.raises(ConfigError, match=r"train\.pipeline_stages=2 does not divide the 3 ranks"):
+        render("train.nnodes=3", "train.nproc_per_node=1", "train.pipeline_stages=2")
 
 
 def test_settings_shape_the_job():

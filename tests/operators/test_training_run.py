@@ -22,3 +22,21 @@ def test_a_run_named_in_the_settings_is_kept(tmp_path):
     params = {"snapshot": "demo", "overrides": [f"project.data_root={tmp_path}", "train.run_id=lr-1e-3"]}
     resolved = resolve_training_run(params, {}, dag_run_id=DAG_RUN)
     assert load_config(resolved["config_path"], environ={}).train.run_id == "lr-1e-3"
+
+
+def test_the_forms_pipeline_fields_reach_the_config(tmp_path):
+    params = {
+        "snapshot": "demo",
+        "overrides": [f"project.data_root={tmp_path}", "model.overrides={num_hidden_layers: 4}"],
+        "pipeline_stages": 2,
+        "microbatches": 4,
+        "pipeline_schedule": "interleaved_1f1b",
+        "stages_per_rank": 2,
+    }
+    train = load_config(resolve_training_run(params, {}, dag_run_id=DAG_RUN)["config_path"], environ={}).train
+    assert (train.pipeline_stages, train.microbatches, train.pipeline_schedule, train.stages_per_rank) == (
+        2,
+        4,
+        "interleaved_1f1b",
+        2,
+    )

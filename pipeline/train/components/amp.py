@@ -10,7 +10,7 @@ flag, as GradScaler does, so no step waits for the GPU to tell the host whether 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -40,20 +40,41 @@ class MixedPrecision:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.scale(loss).backward()
 
     def step(
-        self, optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor], max_norm: float
+        self,
+        optimizer: torch.optim.Optimizer,
+        parameters: Iterable[torch.Tensor],
+        max_norm: float,
+        *,
+        total_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
+        agree_found_inf: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """Unscale, clip to ``max_norm`` (0: no clipping) and step unless a gradient is not finite.
 
         Returns the global gradient norm before clipping; ``skipped_steps`` counts the steps not taken.
+        A pipeline holds a part of the model per rank: ``total_norm(parameters)`` is then the norm over all
+        stages, and ``agree_found_inf(flag)`` (in place, max over the stages) makes every stage's scaler skip
+        and back off together, so one loss scale is shared by all stages.
         """
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
+            if agree_found_inf is not None:
+                # GradScaler keeps unscale_'s verdict per device here; step() and update() read it.
+                for found_inf in self.scaler._per_optimizer_states[id(optimizer)][
+                    "found_inf_per_device"
+                ].values():
+                    agree_found_inf(found_inf)
         parameters = [p for p in parameters if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        if total_norm is None:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        else:
+            norm = total_norm(parameters)
         if max_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
         if self.scaler is not None:

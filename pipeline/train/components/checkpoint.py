@@ -146,18 +146,27 @@ class Checkpointer:
         A corrupt one is skipped with a warning. When checkpoints exist but none loads, raises CheckpointError
         rather than silently starting over.
         """
-        steps = self.steps()
-        for step in reversed(steps):
-            try:
-                return step, self.load(step)
-            except CheckpointError as exc:
-                log.warning("skipping a corrupt checkpoint, trying the previous one: %s", exc)
-        if steps:
-            raise CheckpointError(
-                f"none of the {len(steps)} checkpoint(s) in {self.folder} can be loaded (see the warnings); "
-                "move them away, or set train.resume=false to discard them and start over"
-            )
-        return None
+        latest = load_latest_of([self])
+        return None if latest is None else (latest[0], latest[1][0])
+
+
+def load_latest_of(shards: list[Checkpointer]) -> tuple[int, list[dict[str, Any]]] | None:
+    """The newest step whose checkpoint verifies and loads in every shard (one folder per pipeline rank), with
+    each shard's state; ``Checkpointer.load_latest``'s rules otherwise (a step missing from a shard counts as
+    corrupt)."""
+    steps = sorted(set().union(*(shard.steps() for shard in shards)))
+    for step in reversed(steps):
+        try:
+            return step, [shard.load(step) for shard in shards]
+        except CheckpointError as exc:
+            log.warning("skipping a corrupt checkpoint, trying the previous one: %s", exc)
+    if steps:
+        folders = ", ".join(str(shard.folder) for shard in shards)
+        raise CheckpointError(
+            f"none of the {len(steps)} checkpoint(s) in {folders} can be loaded (see the warnings); "
+            "move them away, or set train.resume=false to discard them and start over"
+        )
+    return None
 
 
 class CheckpointManager:

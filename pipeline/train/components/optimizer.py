@@ -20,15 +20,18 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 
 
 def build_optimizer(
-    model: torch.nn.Module, train: TrainConfig, device: torch.device
+    model: torch.nn.Module, train: TrainConfig, device: torch.device, process_group: Any = None
 ) -> torch.optim.Optimizer:
+    """``process_group``: the ranks ZeRO-1 shards over (a pipeline stage's "dp" group); None: all."""
     options: dict[str, Any] = {"lr": train.lr, "betas": tuple(train.betas)}
     # The fused CUDA kernel is the fastest AdamW there; on CPU the default (foreach) is.
     if device.type == "cuda":
         options["fused"] = True
     groups = parameter_groups(model, train.weight_decay)
     if train.data_parallel == "zero1":
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **options)
+        return ZeroRedundancyOptimizer(
+            groups, optimizer_class=torch.optim.AdamW, process_group=process_group, **options
+        )
     return torch.optim.AdamW(groups, **options)
 
 

@@ -1,0 +1,457 @@
+"""Pipeline parallelism: the model cut by layers into stages over the "pp" dimension of a ("pp", "dp")
+DeviceMesh, run by the ``torch.distributed.pipelining`` schedules.
+
+torchtitan's approach: every stage is a deep copy of the whole model with the blocks of the other stages
+removed, the embedding kept on the first stage only and the final norm and head on the last only (``GPT``
+accepts either missing). Each copy runs in a ``PipelineStage``, handed to ``ScheduleGPipe``, ``Schedule1F1B``
+or ``ScheduleInterleaved1F1B``. Stage i sits on pp rank i % pp (the loop placement interleaving expects), so
+with ``stages_per_rank`` v a rank holds stages r, r + pp, ... Each stage is data parallel over its "dp" group
+through the trainer's own DDP / ZeRO-1 path; the schedules reduce DDP gradients once, on a step's last
+backward.
+
+**Split** (``balanced_split``): contiguous blocks per stage, by training FLOPs per token of each block
+(``GPTConfig.layer_flops_per_token``), the head's FLOPs counted on the last stage and the embedding (a
+lookup, no FLOPs) on the first. Rule: minimise the costliest stage, since a pipeline runs at the pace of its
+slowest stage; among the splits that do, earlier stages take as many blocks as fit under that cost. So with
+uneven counts the surplus blocks go to the first stages and the stage carrying the head gets fewer.
+
+**Tied embedding and head**: kept as two copies in sync, not untied. After backward the two gradients are
+summed over the first and last stage (Megatron's "embedding group"), so both copies get the gradient the
+one tied matrix gets in a single process, take the same optimizer step and stay bit-identical; the global
+gradient norm counts the matrix once. A pipeline thus trains the very model one process trains.
+
+**Loss** on the last stage is the trainer's: each micro-batch's loss weighted by its share of the step's
+tokens over all data-parallel ranks, with the MoE router aux and z losses of every stage, which each stage
+adds to and passes on beside the residual stream. Off the last stage the logged loss is 0, so the trainer's
+one all-reduce gives every rank (rank 0 included) the loss.
+
+**Bubble**: the theoretical idle share of a step is (p-1)/(v·m + p-1) for p ranks, m micro-batches and v
+stages per rank (v = 1 for GPipe and 1F1B). Measured: each stage adds up the time it computes (forward,
+backward, loss); the rest of the schedule's step is time spent waiting for a neighbour.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from pipeline.config import PipelineConfig
+from pipeline.data.loader import IGNORE_INDEX, Batch
+from pipeline.model.config import GPTConfig
+from pipeline.model.gpt import GPT, training_loss
+from pipeline.train.components.amp import MixedPrecision
+from pipeline.train.parallel import DistributedContext, data_parallel
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+_RELATIVE = 1e-12  # float slack when comparing stage costs summed in different orders
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """Which blocks each stage holds, ``[first, end)`` per stage, and what each stage costs."""
+
+    layers: tuple[tuple[int, int], ...]
+    flops_per_token: tuple[float, ...]  # training FLOPs per token of each stage (the head on the last)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.layers)
+
+    def describe(self) -> str:
+        parts = []
+        for stage, ((first, end), flops) in enumerate(zip(self.layers, self.flops_per_token, strict=True)):
+            extra = " + embedding" if stage == 0 else ""
+            extra += " + norm, head, loss" if stage == self.num_stages - 1 else ""
+            parts.append(f"stage {stage}: layers {first}-{end - 1}{extra} ({flops / 1e6:.3f} MFLOP/token)")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": [list(span) for span in self.layers], "flops_per_token": list(self.flops_per_token)}
+
+
+def balanced_split(config: GPTConfig, stages: int, seq_len: int) -> PipelineSplit:
+    """The split of the module docstring: least costly slowest stage, surplus blocks to the earlier stages."""
+    count = config.num_hidden_layers
+    if not 1 <= stages <= count:
+        raise ValueError(f"cannot split {count} layers into {stages} pipeline stages of at least one layer")
+    costs = [config.layer_flops_per_token(layer, seq_len) for layer in range(count)]
+    head = config.head_flops_per_token()
+
+    def cost(first: int, end: int) -> float:
+        return sum(costs[first:end]) + (head if end == count else 0.0)
+
+    # tail[s][i]: the least possible slowest-stage cost of layers i.. split into s stages.
+    tail = [[float("inf")] * (count + 1) for _ in range(stages + 1)]
+    for first in range(count):
+        tail[1][first] = cost(first, count)
+    for parts in range(2, stages + 1):
+        for first in range(count - parts + 1):
+            tail[parts][first] = min(
+                max(cost(first, end), tail[parts - 1][end]) for end in range(first + 1, count - parts + 2)
+            )
+    bound = tail[stages][0] * (1 + _RELATIVE)
+    layers, first = [], 0
+    for parts in range(stages, 1, -1):
+        end = max(
+            end
+            for end in range(first + 1, count - parts + 2)
+            if max(cost(first, end), tail[parts - 1][end]) <= bound
+        )
+        layers.append((first, end))
+        first = end
+    layers.append((first, count))
+    return PipelineSplit(tuple(layers), tuple(cost(first, end) for first, end in layers))
+
+
+def theoretical_bubble(ranks: int, microbatches: int, stages_per_rank: int = 1) -> float:
+    """Idle share of a step for ``ranks`` pipeline ranks: (p-1)/(v·m + p-1)."""
+    return (ranks - 1) / (stages_per_rank * microbatches + ranks - 1)
+
+
+def stage_model(model: GPT, split: PipelineSplit, stage: int) -> GPT:
+    """A deep copy of ``model`` holding only what ``stage`` runs (torchtitan's way of cutting a model)."""
+    part = copy.deepcopy(model)
+    first, end = split.layers[stage]
+    part.blocks = nn.ModuleList(part.blocks[first:end])
+    if stage > 0:
+        part.embed_tokens = None
+    if stage < split.num_stages - 1:
+        part.norm = None
+        part.lm_head = None
+    return part
+
+
+def full_name(name: str, first_layer: int) -> str:
+    """A stage's parameter name as the unsplit model calls it (its blocks are numbered from 0)."""
+    if not name.startswith("blocks."):
+        return name
+    index, rest = name.removeprefix("blocks.").split(".", 1)
+    return f"blocks.{int(index) + first_layer}.{rest}"
+
+
+class StageForward(nn.Module):
+    """What one ``PipelineStage`` runs: its part of the model under autocast. With MoE layers in the model it
+    also carries the router aux and z losses summed so far, so that they reach the loss on the last stage."""
+
+    def __init__(self, model: GPT, autocast: Callable, carries_router_losses: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.autocast = autocast
+        self.carries_router_losses = carries_router_losses
+
+    def forward(self, x, aux_loss=None, z_loss=None, document_ids=None):
+        with self.autocast():
+            out = self.model(x, document_ids=document_ids)
+        if not self.carries_router_losses:
+            return out.logits
+        if aux_loss is None:  # the first stage starts the sums
+            aux_loss = z_loss = out.logits.new_zeros((), dtype=torch.float32)
+        if out.aux_loss is not None:
+            aux_loss, z_loss = aux_loss + out.aux_loss, z_loss + out.z_loss
+        else:  # a stage without MoE layers passes the sums on, as tensors of its own
+            aux_loss, z_loss = aux_loss.clone(), z_loss.clone()
+        return out.logits, aux_loss, z_loss
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that adds up the time it computes; the rest of a schedule step is waiting."""
+
+    busy_s = 0.0
+
+    def _timed(self, method, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def forward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
+
+
+def _sub_context(ctx: DistributedContext, mesh: DeviceMesh, dim: str) -> DistributedContext:
+    """One mesh dimension as a DistributedContext: rank and size within this rank's group of that dimension,
+    collectives over it, and a gloo twin of the group for the CPU-side messages."""
+    group = mesh.get_group(dim)
+    control = group
+    if dist.get_backend(group) != "gloo":
+        members = mesh.mesh.tolist() if dim == "dp" else mesh.mesh.t().tolist()
+        control, _ = dist.new_subgroups_by_enumeration(members, backend="gloo")
+    return DistributedContext(
+        rank=mesh.get_local_rank(dim),
+        world_size=mesh.size(mesh.mesh_dim_names.index(dim)),
+        local_rank=ctx.local_rank,
+        device=ctx.device,
+        backend=ctx.backend,
+        control_group=control,
+        owns_process_group=False,
+        group=group,
+    )
+
+
+class Pipeline:
+    """This rank's share of a pipeline-parallel model: its stages, their schedule, and one step's work."""
+
+    def __init__(
+        self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
+    ) -> None:
+        train = config.train
+        ranks = train.pipeline_stages
+        self.ctx, self.precision, self.config = ctx, precision, model.config
+        # GradScaler creates its scale on the first scale() call, which only the last stage makes: start it
+        # on every stage (the gradients arriving from the next stage are scaled alike).
+        precision.scale(torch.ones((), device=ctx.device))
+        self.document_masking = train.document_masking
+        self.microbatches = train.pipeline_microbatches
+        self.stages_per_rank = train.stages_per_rank
+        self.mesh = init_device_mesh(
+            ctx.device.type, (ranks, ctx.world_size // ranks), mesh_dim_names=("pp", "dp")
+        )
+        self.pp = _sub_context(ctx, self.mesh, "pp")
+        self.dp = _sub_context(ctx, self.mesh, "dp")
+        self.split = balanced_split(model.config, train.pipeline_stage_count, train.seq_len)
+        self.stage_indices = [self.pp.rank + k * ranks for k in range(train.stages_per_rank)]
+        self.models = [stage_model(model, self.split, stage) for stage in self.stage_indices]
+        self.first_layers = [self.split.layers[stage][0] for stage in self.stage_indices]
+        self.has_first = 0 in self.stage_indices
+        self.has_last = self.split.num_stages - 1 in self.stage_indices
+        self.carries_router_losses = bool(model.config.moe_layer_indices)
+        self.modules = [
+            data_parallel(StageForward(part, precision.autocast, self.carries_router_losses), self.dp, train)
+            for part in self.models
+        ]
+        self.stages = [
+            TimedStage(module, stage, self.split.num_stages, ctx.device, group=self.pp.group)
+            for module, stage in zip(self.modules, self.stage_indices, strict=True)
+        ]
+        schedule = SCHEDULES[train.pipeline_schedule]
+        # The loss is already each micro-batch's share of the step: no extra division by m.
+        options = {"n_microbatches": self.microbatches, "loss_fn": self._loss, "scale_grads": False}
+        self.schedule = schedule(self.stages if len(self.stages) > 1 else self.stages[0], **options)
+        self._tied = self._tied_weight(model.config, ranks)
+        self._step_tokens = 1
+        self._losses = []
+        self._loss_busy_s = 0.0
+        self._wall_s = 0.0
+        self._steps = 0
+
+    def _tied_weight(self, config: GPTConfig, ranks: int) -> tuple[Any, nn.Parameter, bool] | None:
+        """(group, this rank's copy, whether it is the head's) for a tied embedding, else None.
+
+        Every rank joins the creation of every embedding group (first and last pp rank of each dp index)."""
+        if not config.tie_word_embeddings:
+            return None
+        mesh = self.mesh.mesh
+        members = [[int(mesh[0, d]), int(mesh[ranks - 1, d])] for d in range(mesh.size(1))]
+        group, _ = dist.new_subgroups_by_enumeration(members)
+        if self.has_first:
+            return group, self.models[self.stage_indices.index(0)].embed_tokens.weight, False
+        if self.has_last:
+            return group, self.models[-1].lm_head.weight, True
+        return None
+
+    # --- one step ---------------------------------------------------------------------------------------
+
+    def _loss(self, output, targets: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss of one micro-batch, as the one-process trainer weights it."""
+        started = time.perf_counter()
+        logits, aux_loss, z_loss = output if self.carries_router_losses else (output, None, None)
+        loss, lm_loss = training_loss(self.config, logits, targets, aux_loss, z_loss)
+        share = int((targets != IGNORE_INDEX).sum()) / self._step_tokens
+        self._losses.append(lm_loss.detach().float() * share)
+        scaled = self.precision.scale(loss * (share * self.dp.world_size))
+        self._loss_busy_s += time.perf_counter() - started
+        return scaled
+
+    def forward_backward(self, batch: Batch, step_tokens: int) -> torch.Tensor:
+        """Every micro-batch of ``batch`` (this dp rank's) forward and backward through the pipeline.
+
+        Returns this rank's part of the step's token-mean loss over all ranks (0 off the last stage)."""
+        self._step_tokens = step_tokens
+        self._losses: list[torch.Tensor] = []
+        kwargs = {"document_ids": batch.document_ids} if self.document_masking else {}
+        args = (batch.inputs,) if self.has_first else ()
+        started = time.perf_counter()
+        self.schedule.step(*args, target=batch.targets, return_outputs=False, **kwargs)
+        self._wall_s += time.perf_counter() - started
+        self._steps += 1
+        total = torch.zeros((), device=self.ctx.device)
+        if self.has_last:
+            # The last m calls: a first step also runs the loss once while the stages infer their shapes.
+            for loss in self._losses[-self.microbatches :]:
+                total += loss  # in micro-batch order, as the one-process trainer sums
+        return total
+
+    def sync_tied_gradients(self) -> None:
+        """Sum the embedding's and the head's gradients, so the two copies take the same step."""
+        if self._tied is not None:
+            group, weight, _ = self._tied
+            dist.all_reduce(weight.grad, group=group)
+
+    def total_norm(self, parameters: list[torch.Tensor]) -> torch.Tensor:
+        """The gradient norm over every stage (the tied matrix counted once, on the first stage)."""
+        skipped = self._tied[1] if self._tied is not None and self._tied[2] else None
+        grads = [p.grad for p in parameters if p is not skipped]
+        local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.ctx.device)
+        return self.pp.all_reduce(local.square()).sqrt()
+
+    def agree_found_inf(self, found_inf: torch.Tensor) -> None:
+        self.pp.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+
+    def settle(self, placeholder: Batch) -> None:
+        """``parallel.settle_buckets`` for DDP stages: one throw-away forward/backward of each stage on its
+        own (no pipeline), RNG forked, gradients dropped. DDP lays its buckets out again after its first
+        backward; left to the first step, GPipe's run of backwards without a forward between them records
+        the gradient order m times over and DDP's rebuild fails."""
+        if self.dp.world_size == 1:
+            return
+        rows = placeholder.inputs.size(0) // self.microbatches
+        tokens = placeholder.inputs[:rows]
+        hidden = torch.zeros(*tokens.shape, self.config.hidden_size, device=self.ctx.device)
+        devices = [self.ctx.device.index] if self.ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            for module, stage in zip(self.modules, self.stage_indices, strict=True):
+                inputs = [tokens] if stage == 0 else [hidden.requires_grad_()]
+                if self.carries_router_losses and stage > 0:
+                    inputs += [torch.zeros((), device=self.ctx.device, requires_grad=True)] * 2
+                kwargs = {"document_ids": placeholder.document_ids[:rows]} if self.document_masking else {}
+                outputs = module(*inputs, **kwargs)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                sum(output.float().sum() for output in outputs).backward()
+        for part in self.models:
+            part.zero_grad(set_to_none=True)
+
+    # --- figures ------------------------------------------------------------------------------------------
+
+    def reset_timers(self) -> None:
+        for stage in self.stages:
+            stage.busy_s = 0.0
+        self._loss_busy_s = self._wall_s = 0.0
+        self._steps = 0
+
+    @property
+    def theoretical_bubble(self) -> float:
+        return theoretical_bubble(self.pp.world_size, self.microbatches, self.stages_per_rank)
+
+    def bubble_metrics(self) -> dict[str, float]:
+        """Collective (every rank): idle share and idle seconds per step of each pp rank since the last call,
+        averaged over its dp ranks, on rank 0 (empty elsewhere)."""
+        busy = sum(stage.busy_s for stage in self.stages) + self._loss_busy_s
+        mine = (self.pp.rank, max(self._wall_s - busy, 0.0), self._wall_s, max(self._steps, 1))
+        self.reset_timers()
+        gathered = self.ctx.gather_objects(mine)
+        if gathered is None:
+            return {}
+        figures: dict[str, float] = {"pipeline/bubble_theory": round(self.theoretical_bubble, 5)}
+        shares = []
+        for rank in range(self.pp.world_size):
+            rows = [row for row in gathered if row[0] == rank]
+            idle, wall = sum(row[1] for row in rows), sum(row[2] for row in rows)
+            share = idle / wall if wall else 0.0
+            shares.append(share)
+            figures[f"pipeline/idle_fraction/rank{rank}"] = round(share, 5)
+            figures[f"pipeline/idle_s/rank{rank}"] = round(idle / sum(row[3] for row in rows), 6)
+        figures["pipeline/bubble_measured"] = round(sum(shares) / len(shares), 5)
+        return figures
+
+    def router_stats(self) -> list[dict]:
+        """Collective: every MoE layer's routing on rank 0 (each pp rank's from its dp rank 0), [] elsewhere."""
+        mine = []
+        if self.dp.rank == 0:
+            for part, first in zip(self.models, self.first_layers, strict=True):
+                mine += [{**layer, "layer": layer["layer"] + first} for layer in part.router_stats()]
+        gathered = self.ctx.gather_objects(mine)
+        return sorted((layer for rows in gathered or [] for layer in rows), key=lambda layer: layer["layer"])
+
+    def named_parameters(self):
+        """The rank's parameters under the unsplit model's names."""
+        for part, first in zip(self.models, self.first_layers, strict=True):
+            for name, parameter in part.named_parameters():
+                yield full_name(name, first), parameter
+
+    def parameter_bytes(self) -> int:
+        """Bytes of this rank's parameters (a tied matrix once per copy it holds)."""
+        return sum(p.numel() * p.element_size() for _, p in self.named_parameters())
+
+    def layout(self) -> dict[str, Any]:
+        """What the log, the checkpoints and the manifest record about the pipeline."""
+        return {
+            "pipeline_stages": self.pp.world_size,
+            "data_parallel_ranks": self.dp.world_size,
+            "stages_per_rank": self.stages_per_rank,
+            "microbatches": self.microbatches,
+            "schedule": type(self.schedule).__name__,
+            "split": self.split.to_dict(),
+            "tied_embedding": "copies kept in sync" if self.config.tie_word_embeddings else "untied",
+            "bubble_theory": round(self.theoretical_bubble, 5),
+        }
+
+    def checkpoint_folder(self, checkpoints: Path) -> Path:
+        return checkpoints / shard_folder(self.pp.rank, self.pp.world_size)
+
+
+def shard_folder(rank: int, ranks: int) -> str:
+    """Each pp rank's checkpoints (its stages' parts) in a folder of its own under checkpoints/."""
+    return f"pp-rank-{rank}-of-{ranks}"
+
+
+def checkpoint_layout_problem(checkpoints: Path, ranks: int) -> str | None:
+    """Why checkpoints written with another number of pipeline stages cannot be resumed here, or None."""
+    if not checkpoints.is_dir():
+        return None
+    found = sorted(path.name for path in checkpoints.iterdir() if path.name.startswith("pp-rank-"))
+    written = {int(name.rsplit("-", 1)[1]) for name in found}
+    unsplit = any(path.name.startswith("step-") for path in checkpoints.iterdir())
+    if unsplit:
+        written.add(1)
+    other = sorted(written - {ranks})
+    if not other:
+        return None
+    return (
+        f"the checkpoints in {checkpoints} were written with train.pipeline_stages={other[0]}, and this run "
+        f"has train.pipeline_stages={ranks}: a checkpoint holds one part per pipeline rank, so resume it "
+        "with the same train.pipeline_stages, or set train.resume=false to start over"
+    )
+
+
+class PipelineModelState(Stateful):
+    """The rank's stages as the checkpoint part ``model``: their parameters under the unsplit model's names,
+    so the shards of all pp ranks together are the unsplit model's state dict."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {}
+        for part, first in zip(self.pipeline.models, self.pipeline.first_layers, strict=True):
+            state.update({full_name(name, first): tensor for name, tensor in part.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part, first in zip(self.pipeline.models, self.pipeline.first_layers, strict=True):
+            part.load_state_dict({name: state[full_name(name, first)] for name in part.state_dict()})
