@@ -36,20 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_checkpoint(path: Path) -> dict:
-    """A checkpoint file, or the newest valid one of a checkpoints folder (checksums verified)."""
-    from pipeline.train.components.checkpoint import Checkpointer
+    """A checkpoint file, or the newest one in a checkpoints folder; checksums verified, a pipeline-parallel
+    run's parts merged into one model."""
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
 
     if path.is_dir():
-        found = Checkpointer(path).load_latest()
-        if found is None:
-            raise StageFailure(f"no valid checkpoint in {path}")
-        return found[1]
-    match = Checkpointer(path.parent)
-    try:
-        step = int(path.name.removeprefix("step-").removesuffix(".pt"))
-    except ValueError:
-        raise StageFailure(f"{path} is not a step-<N>.pt checkpoint") from None
-    return match.load(step)
+        found = sorted(
+            path.rglob("step-*.pt"), key=lambda p: int(p.name.removeprefix("step-").removesuffix(".pt"))
+        )
+        if not found:
+            raise StageFailure(f"no checkpoint (step-*.pt) in {path}")
+        path = found[-1]
+    if not path.name.startswith("step-"):
+        raise StageFailure(f"{path} is not a step-<N>.pt checkpoint")
+    return whole_model_checkpoint(path)
 
 
 def generate(argv: list[str] | None = None) -> list[dict]:

@@ -60,9 +60,10 @@ class TrainedRun:
 
     @cached_property
     def state(self) -> dict[str, Any]:
-        import torch
+        """The final checkpoint, checksums verified; a pipeline-parallel run's parts merged into one model."""
+        from pipeline.train.pipeline_parallel import whole_model_checkpoint
 
-        return torch.load(self.checkpoint, map_location="cpu", weights_only=True)
+        return whole_model_checkpoint(self.checkpoint)
 
     @property
     def model_config(self):

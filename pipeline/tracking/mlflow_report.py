@@ -132,7 +132,9 @@ def write_model_artifact(
     """The registered model's files: weights (or a pointer to the checkpoint), config, tokenizer."""
     import torch
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+
+    state = whole_model_checkpoint(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
     pointer = {
         "checkpoint": str(checkpoint),
@@ -219,7 +221,9 @@ def load_model(model_uri: str, tracking: str | None = None):
     checkpoint = Path(pointer["checkpoint"])
     if sha256_file(checkpoint) != pointer["sha256"]:
         raise ValueError(f"{checkpoint} does not match the registered sha256 {pointer['sha256']}")
-    return build(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+
+    return build(whole_model_checkpoint(checkpoint))
 
 
 def log_model_files(

@@ -41,7 +41,9 @@ def sample_generations(
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    model = load_model(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+
+    model = load_model(whole_model_checkpoint(checkpoint))
     stop_id = tokenizer.token_to_id(eos_token)
     samples = []
     for prompt in prompts:

@@ -439,6 +439,24 @@ def checkpoint_layout_problem(checkpoints: Path, ranks: int) -> str | None:
     )
 
 
+def whole_model_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint file ``path`` with the whole model under ``model``: a pipeline rank's part
+    (``checkpoints/pp-rank-R-of-N/step-K.pt``) merged with the other ranks' parts of the same step, each
+    verified by its checksum; any other checkpoint as it is."""
+    from pipeline.train.components.checkpoint import Checkpointer
+
+    path = Path(path)
+    step = int(path.name.removeprefix("step-").removesuffix(".pt"))
+    folder = path.parent
+    if not folder.name.startswith("pp-rank-"):
+        return Checkpointer(folder).load(step)
+    ranks = int(folder.name.rsplit("-", 1)[1])
+    parts = [Checkpointer(folder.parent / shard_folder(rank, ranks)).load(step) for rank in range(ranks)]
+    merged = dict(parts[0])
+    merged["model"] = {name: tensor for part in parts for name, tensor in part["model"].items()}
+    return merged
+
+
 class PipelineModelState(Stateful):
     """The rank's stages as the checkpoint part ``model``: their parameters under the unsplit model's names,
     so the shards of all pp ranks together are the unsplit model's state dict."""

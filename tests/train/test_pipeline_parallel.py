@@ -422,3 +422,23 @@ def test_two_torchrun_agents_run_the_two_stages_and_match_one_agent(one_f_one_b,
         finish(agent, timeout_s=GUARD_S)
     assert losses(config, SNAPSHOT) == one_f_one_b[0]
     assert DatasetRef.of(config, "train", SNAPSHOT).manifest().extra["pipeline"]["pipeline_stages"] == 2
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_leaves_one_whole_model_for_export(one_f_one_b):
+    """The manifest's checkpoint is rank 0's part; whole_model_checkpoint merges every rank's part of that step
+    into the unsplit model (loaded strictly), which exports to transformers with our logits."""
+    from pipeline.export.hf import SpecialTokens, build_hf_model
+    from pipeline.tracking.samples import load_model
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+
+    _, _, shards, manifest = one_f_one_b
+    state = whole_model_checkpoint(Path(manifest.path) / manifest.extra["checkpoint"])
+    model = load_model(state)  # load_state_dict is strict: no part may be missing
+    for shard in shards:
+        for name, tensor in shard["model"].items():
+            assert torch.equal(model.state_dict()[name], tensor), name
+    hf = build_hf_model(state["model"], model.config, SpecialTokens(eos_id=0, pad_id=1))
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-4
