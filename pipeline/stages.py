@@ -150,10 +150,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="evaluate",
         package="pipeline.evaluate",
-        reads=("train",),
+        reads=("train", "export"),
         runner="python",
         group="training",
-        help="held-out loss and perplexity by host and language, and greedy continuations of fixed prompts",
+        help="held-out loss by host and language, greedy continuations, lm-evaluation-harness on the export",
         per_run=True,
         sections={"evaluate": EvaluateConfig},
     ),

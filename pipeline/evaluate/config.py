@@ -18,3 +18,10 @@ class EvaluateConfig(Section):
         description="prompts whose greedy continuations are saved with every evaluation",
     )
     max_new_tokens: int = Field(48, ge=1, description="tokens per greedy continuation at most")
+    lm_eval: bool = Field(
+        True,
+        description="run lm-evaluation-harness (when installed) on the exported model, on a multiple-choice "
+        "task made from the held-out documents",
+    )
+    lm_eval_documents: int = Field(200, ge=2, description="held-out documents the lm-eval task is made from")
+    lm_eval_choices: int = Field(4, ge=2, description="choices per lm-eval item (chance: 1 / choices)")

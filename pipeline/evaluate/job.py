@@ -8,8 +8,12 @@ the overall figure is not the trainer's ``val_loss`` (packed windows that cross 
 Hosts and languages come from the tokenize stage's ``<shard>.docs.parquet`` tables; shards written without
 them are scored overall only, with a warning.
 
-Output, ``evaluate/<snapshot>/<run>/``: ``metrics.json``, ``generations.json``, ``plots/loss_by_language.png``
-and ``plots/loss_by_host.png``; the report stage logs them to the training's MLflow run.
+Where lm-evaluation-harness is installed (``evaluate.lm_eval``), it runs on the export stage's folder with a
+multiple-choice task made from the same held-out documents (``pipeline.evaluate.harness``).
+
+Output, ``evaluate/<snapshot>/<run>/``: ``metrics.json``, ``generations.json``, ``plots/loss_by_language.png``,
+``plots/loss_by_host.png`` and ``lm_eval/`` (the task, its items and lm-eval's results); the report stage logs
+them to the training's MLflow run.
 """
 
 from __future__ import annotations
@@ -164,8 +168,44 @@ def generations(trained: TrainedRun, model, prompts: list[str], max_new_tokens: 
     return results
 
 
+def held_out_texts(trained: TrainedRun, stream: TokenStream, documents: int) -> list[str]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
+    texts = []
+    for index in range(documents):
+        end = int(stream.document_ends[index])
+        texts.append(
+            tokenizer.decode(stream.read(end - int(stream.document_lengths[index]), end - 1).tolist())
+        )
+    return texts
+
+
+def harness(trained, stream, export_folder: Path, folder: Path, settings) -> dict[str, Any] | None:
+    """lm-evaluation-harness on the exported folder with the held-out continuation task (``harness``)."""
+    from pipeline.evaluate.harness import continuation_items, run_harness, write_task
+
+    documents = min(settings.lm_eval_documents, stream.num_documents)
+    items = continuation_items(held_out_texts(trained, stream, documents), settings.lm_eval_choices)
+    if not items:
+        log.warning("too few held-out documents long enough for the lm-eval task: skipped")
+        return None
+    found = run_harness(export_folder, write_task(items, folder), settings.batch_size)
+    if found is not None:
+        log.info(
+            "lm-eval %s: acc %.3f, acc_norm %.3f over %d items (chance %.3f)",
+            found["task"],
+            found["acc"],
+            found["acc_norm"],
+            found["items"],
+            1 / settings.lm_eval_choices,
+        )
+        (folder / "results.json").write_text(json.dumps(found, indent=2) + "\n")
+    return found
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    (train_ref,) = inputs
+    train_ref, export_ref = inputs
     trained = TrainedRun.of(train_ref)
     settings = config.evaluate
     model = trained.model()
@@ -196,6 +236,13 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         ):
             if metrics[key]:
                 plot_groups(metrics[key], title, out.path / "plots" / f"loss_{key}.png")
+        metrics["lm_eval"] = None
+        if settings.lm_eval and stream is not None:
+            found = harness(trained, stream, export_ref.path, out.path / "lm_eval", settings)
+            if found is not None:
+                metrics["lm_eval"] = {
+                    key: found[key] for key in ("task", "version", "items", "choices", "acc", "acc_norm")
+                }
         samples = generations(trained, model, settings.prompts, settings.max_new_tokens)
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
         (out.path / "generations.json").write_text(json.dumps(samples, indent=2, ensure_ascii=False) + "\n")
@@ -214,5 +261,6 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "perplexity": overall.get("perplexity"),
                 "languages": len(metrics["by_language"]),
                 "hosts": len(metrics["by_host"]),
+                "lm_eval_acc": (metrics["lm_eval"] or {}).get("acc"),
             },
         )

@@ -270,6 +270,11 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
             "eval_loss": metrics["overall"]["loss"],
             "eval_perplexity": metrics["overall"]["perplexity"],
         }
+    if metrics.get("lm_eval"):
+        values |= {
+            "lm_eval_acc": metrics["lm_eval"]["acc"],
+            "lm_eval_acc_norm": metrics["lm_eval"]["acc_norm"],
+        }
     for language, group in metrics.get("by_language", {}).items():
         values[f"eval_loss.{language}"] = group["loss"]
     tracked.log_metrics(values, step=step)
@@ -277,6 +282,8 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
     for name in ("metrics.json", "generations.json"):
         tracked.log_artifact(evaluation / name, "evaluation")
     tracked.log_artifact(evaluation / "plots", "evaluation/plots")
+    if (evaluation / "lm_eval").is_dir():
+        tracked.log_artifact(evaluation / "lm_eval", "evaluation/lm_eval")
 
 
 def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:

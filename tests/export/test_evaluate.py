@@ -1,14 +1,20 @@
-"""The evaluate stage's arithmetic: windows score every target of a document once, and group losses are
-token-weighted means that add back up to the overall one (hand-computed and random inputs)."""
+"""The evaluate stage: windows score every target of a document once, group losses are token-weighted means
+that add back up to the overall one (hand-computed and random inputs), and lm-evaluation-harness's figures on
+the exported model agree with our own model's."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.core.storage import DatasetRef
+from pipeline.evaluate.harness import continuation_items, cut
 from pipeline.evaluate.job import document_windows, grouped, summary
 
 
@@ -51,3 +57,65 @@ def test_groups_add_up_to_the_overall_loss(rows, top):
     assert sum(g["documents"] for g in groups.values()) == len(rows)
     weighted = sum(g["loss"] * g["tokens"] for g in groups.values()) / overall["tokens"]
     assert math.isclose(weighted, overall["loss"], rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_continuation_items_put_the_truth_among_other_documents_continuations():
+    texts = [f"document {i} " + " ".join(f"w{i}x{j}" for j in range(60)) for i in range(5)]
+    items = continuation_items(texts, choices=4)
+    assert len(items) == 5
+    for index, item in enumerate(items):
+        context, truth = cut(texts[index])
+        assert item["context"] == context and item["choices"][item["label"]] == truth
+        assert texts[index].startswith(context) or context in texts[index]
+        assert len(set(item["choices"])) == 4 and item["label"] == index % 4
+    assert continuation_items(texts[:3], choices=4) == []  # fewer usable documents than choices
+
+
+@pytest.mark.slow
+def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path):
+    """A short training on the synthetic corpus, then export and evaluate through their entrypoints:
+    lm-evaluation-harness runs offline on the exported folder with the held-out continuation task, and its
+    log-likelihood of every choice equals our own model's (independent reference: lm-eval's encoding rule,
+    context and context + choice encoded whole, the window cut to the context length)."""
+    from tokenizers import Tokenizer
+
+    from pipeline.evaluate.__main__ import main as evaluate_main
+    from pipeline.evaluate.harness import TASK
+    from pipeline.export.__main__ import main as export_main
+    from pipeline.export.trained import TrainedRun
+    from pipeline.train.trainer import train
+    from tests.train.support import single_process, train_config, write_config, write_token_corpus
+
+    pytest.importorskip("lm_eval")
+    config = train_config(tmp_path / "data", "train.steps=6", "evaluate.lm_eval_documents=8")
+    write_token_corpus(config, "lm")
+    train(single_process(config, tmp_path), "lm")
+    path = write_config(config, tmp_path / "config.yaml")
+    for main in (export_main, evaluate_main):
+        assert main(["--config", str(path), "--snapshot", "lm"]) == 0
+
+    folder = DatasetRef.of(config, "evaluate", "lm").path
+    metrics = json.loads((folder / "metrics.json").read_text())["lm_eval"]
+    found = json.loads((folder / "lm_eval" / "results.json").read_text())
+    items = [json.loads(line) for line in (folder / "lm_eval" / f"{TASK}.jsonl").read_text().splitlines()]
+    assert metrics["items"] == len(items) == len(found["predictions"]) >= 4 and metrics["choices"] == 4
+
+    trained = TrainedRun.of(DatasetRef.of(config, "train", "lm"))
+    model = trained.model()
+    tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
+    window = model.config.max_position_embeddings
+    correct = 0
+    for item, prediction in zip(items, found["predictions"], strict=True):
+        context = tokenizer.encode(item["context"], add_special_tokens=False).ids
+        ours = []
+        for choice in item["choices"]:
+            whole = tokenizer.encode(item["context"] + choice, add_special_tokens=False).ids
+            continuation = whole[len(context) :]
+            tokens = (context + continuation)[-(window + 1) :]
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([tokens[:-1]])).logits[0].double(), -1)
+            targets = torch.tensor(tokens[-len(continuation) :])
+            ours.append(float(logprobs[-len(continuation) :].gather(1, targets[:, None]).sum()))
+        assert ours == pytest.approx(prediction["loglikelihoods"], abs=1e-3)
+        correct += int(max(range(len(ours)), key=ours.__getitem__) == item["label"])
+    assert metrics["acc"] == pytest.approx(correct / len(items))

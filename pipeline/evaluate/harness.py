@@ -1,0 +1,109 @@
+"""lm-evaluation-harness on the exported model, with a task made from this snapshot's held-out documents.
+
+The task, ``pretrain_heldout_continuation``: each validation document is cut at a space near its middle; the
+model sees up to ``CONTEXT_CHARS`` characters before the cut and picks the true next ``CONTINUATION_CHARS``
+(to a word boundary) among that and the continuations of the next documents (multiple choice by
+log-likelihood, lm-eval's ``acc`` and length-normalised ``acc_norm``; chance is 1 / choices). It is written
+as a JSONL file and a task YAML beside it, read through ``datasets``' json builder: nothing comes from the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+TASK = "pretrain_heldout_continuation"
+CONTEXT_CHARS = 400
+CONTINUATION_CHARS = 60
+
+TASK_YAML = """task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def cut(text: str) -> tuple[str, str] | None:
+    """(context, continuation) around a space near the middle of text; None if text is too short."""
+    middle = text.find(" ", len(text) // 2)
+    if middle <= 0:
+        return None
+    end = text.find(" ", middle + CONTINUATION_CHARS)
+    continuation = text[middle : end if end > 0 else None]
+    if len(continuation) < CONTINUATION_CHARS // 2:
+        return None
+    return text[max(0, middle - CONTEXT_CHARS) : middle], continuation
+
+
+def continuation_items(texts: list[str], choices: int) -> list[dict[str, Any]]:
+    """One multiple-choice item per usable text: its true continuation and those of the next texts (in a
+    fixed rotation, so the label's position varies), deterministic."""
+    pieces = [piece for piece in map(cut, texts) if piece is not None]
+    if len(pieces) < choices:
+        return []
+    items = []
+    for index, (context, truth) in enumerate(pieces):
+        others = [pieces[(index + k) % len(pieces)][1] for k in range(1, choices)]
+        label = index % choices
+        options = [*others[:label], truth, *others[label:]]
+        items.append({"context": context, "choices": options, "label": label})
+    return items
+
+
+def write_task(items: list[dict[str, Any]], folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{TASK}.jsonl"
+    data.write_text("".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items))
+    (folder / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=json.dumps(str(data))))
+    return folder
+
+
+def run_harness(model_folder: Path, task_folder: Path, batch_size: int) -> dict[str, Any] | None:
+    """lm-eval's figures for the task on the exported folder; None when lm-eval is not installed."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        log.warning("lm-evaluation-harness is not installed (pip install 'lm_eval[hf]'): skipped")
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model_folder},dtype=float32",
+        tasks=[TASK],
+        task_manager=TaskManager(include_path=str(task_folder)),
+        batch_size=batch_size,
+        device="cpu",
+    )
+    figures = results["results"][TASK]
+    return {
+        "task": TASK,
+        "version": lm_eval.__version__,
+        "items": int(figures.get("sample_len") or len(results["samples"][TASK])),
+        "choices": len(results["samples"][TASK][0]["doc"]["choices"]) if results["samples"][TASK] else 0,
+        "acc": figures["acc,none"],
+        "acc_norm": figures["acc_norm,none"],
+        "predictions": [
+            {"label": sample["target"], "loglikelihoods": [float(r[0]) for r in sample["filtered_resps"]]}
+            for sample in results["samples"][TASK]
+        ],
+    }
