@@ -139,3 +139,13 @@ def test_interleaving_the_rope_rows_turns_rotate_half_into_rotating_adjacent_pai
     half = head_dim // 2
     order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).reshape(-1)
     assert torch.allclose(ours[..., order], rotated, atol=1e-6)
+
+
+def test_bfloat16_export_holds_bfloat16_weights_close_to_ours_in_bfloat16():
+    model = random_model("tiny", {}, seed=11)
+    hf = build_hf_model(model.state_dict(), model.config, TOKENS, torch.bfloat16)
+    assert {p.dtype for p in hf.parameters()} == {torch.bfloat16}
+    tokens = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours = model.to(torch.bfloat16)(tokens).logits.float()
+        assert (ours - hf(tokens).logits.float()).abs().max().item() <= 5e-2
