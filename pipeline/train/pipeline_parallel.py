@@ -346,6 +346,45 @@ class Pipeline:
         for part in self.models:
             part.zero_grad(set_to_none=True)
 
+    @torch.no_grad()
+    def validation_loss(
+        self, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The mean ``lm_loss`` of one validation batch, forward only through the stages in order: each
+        stage's residual stream goes to the next stage's rank by point-to-point send/recv over the pp group
+        (no schedule: one batch, any size, no micro-batches, no autograd). Every pp rank of a dp group calls
+        it with the same batch; returns the loss on the rank holding the last stage, None elsewhere.
+
+        The residual stream travels as float32, which it is under autocast too (the embedding's output is
+        float32 and each block adds to it), so the figure is the one-process validator's."""
+        ranks, last = self.pp.world_size, self.split.num_stages - 1
+        shape = (*inputs.shape[:2], self.config.hidden_size)
+        loss = None
+        modes = [part.training for part in self.models]
+        for part in self.models:
+            part.eval()
+        try:
+            for stage in range(self.split.num_stages):
+                if stage % ranks != self.pp.rank:
+                    continue
+                part = self.models[self.stage_indices.index(stage)]
+                x = inputs
+                if stage > 0:
+                    x = torch.empty(shape, dtype=torch.float32, device=self.ctx.device)
+                    dist.recv(x, group=self.pp.group, group_src=(stage - 1) % ranks)
+                with self.precision.autocast():
+                    out = part(x, targets if stage == last else None, document_ids)
+                if stage == last:
+                    loss = out.lm_loss
+                else:
+                    dist.send(
+                        out.logits.float().contiguous(), group=self.pp.group, group_dst=(stage + 1) % ranks
+                    )
+        finally:
+            for part, mode in zip(self.models, modes, strict=True):
+                part.train(mode)
+        return loss
+
     # --- figures ------------------------------------------------------------------------------------------
 
     def reset_timers(self) -> None:

@@ -291,8 +291,8 @@ class Trainer(Stateful):
             seq_len=train.seq_len,
             batch_size=train.batch_size,
             sequences=train.eval_sequences,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
+            rank=data.rank,  # under a pipeline each dp group's pp ranks pass the same windows along
+            world_size=data.world_size,
             device=self.device,
             document_masking=train.document_masking,
         )
@@ -486,10 +486,11 @@ class Trainer(Stateful):
         return figures
 
     def evaluate(self) -> dict[str, float]:
-        if self.pipeline is not None:
-            return {}  # no rank holds the whole model; validation through the pipeline is not built yet
         with self.throughput.excluded():
-            val_loss = self.validator.evaluate(self.model, self.precision.autocast, self.ctx.all_reduce)
+            if self.pipeline is not None:  # no rank holds the whole model: forward through the stages
+                val_loss = self.validator.evaluate_with(self.pipeline.validation_loss, self.ctx.all_reduce)
+            else:
+                val_loss = self.validator.evaluate(self.model, self.precision.autocast, self.ctx.all_reduce)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # give evaluation's activations back before training resumes
         if val_loss is None:

@@ -3,6 +3,10 @@
 The set is the first ``eval_sequences`` packed windows of the validation split, whatever the number of ranks,
 so the figure is comparable across runs of different sizes. It is the token-weighted mean of ``lm_loss``
 (the cross-entropy, without MoE router losses).
+
+Under a pipeline the windows are split over the data-parallel ranks only: every pipeline rank of a
+data-parallel group reads the same windows, and ``Pipeline.validation_loss`` passes each batch stage to
+stage (forward only), so the loss is known on the last stage, which alone counts the windows.
 """
 
 from __future__ import annotations
@@ -56,8 +60,29 @@ class Validator:
         """Mean validation loss over all ranks' windows; every rank must call it (one collective)."""
         if self.dataset is None:
             return None
+
+        def lm_loss(inputs, targets, documents):
+            with autocast():
+                return model(inputs, targets, documents).lm_loss
+
         was_training = model.training
         model.eval()
+        try:
+            return self.evaluate_with(lm_loss, all_reduce_sum)
+        finally:
+            model.train(was_training)
+
+    @torch.no_grad()
+    def evaluate_with(
+        self,
+        lm_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor | None],
+        all_reduce_sum: Callable[[torch.Tensor], None],
+    ) -> float | None:
+        """As ``evaluate``, with ``lm_loss(inputs, targets, document_ids)`` giving each batch's mean loss, or
+        None on a rank that does not compute it (a pipeline rank without the last stage: its windows are
+        counted where the loss is)."""
+        if self.dataset is None:
+            return None
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         for start in range(0, len(self.indices), self.batch_size):
             chosen = self.indices[start : start + self.batch_size]
@@ -66,12 +91,12 @@ class Validator:
             if self.document_masking:
                 documents = torch.from_numpy(np.stack([self.dataset.document_ids(i)[:-1] for i in chosen]))
                 documents = documents.to(self.device)
-            with autocast():
-                out = model(rows[:, :-1], rows[:, 1:], documents)
+            loss = lm_loss(rows[:, :-1], rows[:, 1:], documents)
+            if loss is None:
+                continue
             count = rows[:, 1:].numel()
-            totals[0] += out.lm_loss.double() * count
+            totals[0] += loss.double() * count
             totals[1] += count
-        model.train(was_training)
         all_reduce_sum(totals)
         loss_sum, count = totals.tolist()
         return loss_sum / count if count else None
