@@ -501,3 +501,27 @@ def test_a_bf16_pipeline_run_trains_like_the_fp32_one(bf16_run, one_f_one_b):
     assert bf16 == pytest.approx(one_f_one_b[0], rel=2e-2)
     assert manifest.extra["precision"] == "bf16" and manifest.counters["skipped_steps"] == 0
     assert math.isfinite(manifest.extra["val_loss"])
+
+
+@pytest.mark.slow
+def test_rank_zero_reports_the_loss_and_the_bubble_of_a_pipeline_to_mlflow(bf16_run):
+    """The loss lives on the last stage (rank 1); rank 0 logs it, with the bubble figures of both ranks."""
+    from mlflow.tracking import MlflowClient
+
+    rows, manifest, store = bf16_run
+    client = MlflowClient(store)
+    run = client.get_run(manifest.extra["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [
+        (row["step"], row["loss"]) for row in rows if "loss" in row
+    ]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")][-1] == pytest.approx(
+        manifest.extra["val_loss"], abs=1e-6
+    )
+    metrics = run.data.metrics
+    assert metrics["pipeline/bubble_theory"] == pytest.approx(1 / 5, abs=1e-5)
+    for rank in (0, 1):
+        assert 0 <= metrics[f"pipeline/idle_fraction/rank{rank}"] < 1
+        assert metrics[f"pipeline/idle_s/rank{rank}"] >= 0
+    assert metrics["pipeline/bubble_measured"] == rows[-1]["pipeline/bubble_measured"]
