@@ -525,3 +525,28 @@ def test_rank_zero_reports_the_loss_and_the_bubble_of_a_pipeline_to_mlflow(bf16_
         assert 0 <= metrics[f"pipeline/idle_fraction/rank{rank}"] < 1
         assert metrics[f"pipeline/idle_s/rank{rank}"] >= 0
     assert metrics["pipeline/bubble_measured"] == rows[-1]["pipeline/bubble_measured"]
+
+
+@pytest.mark.slow
+def test_a_killed_pipeline_rank_restarts_from_the_stage_sharded_checkpoint(one_f_one_b, tmp_path):
+    """SIGKILL to rank 1 (the last stage) after step 6; torchrun restarts both ranks, which resume from the
+    step-4 shards and finish with the uninterrupted run's losses, bit for bit (CPU, same layout)."""
+    config = train_config(tmp_path / "data", *RUN, *SCHEDULES["1f1b"])
+    write_token_corpus(config, SNAPSHOT)
+    path = write_config(config, tmp_path / "config.yaml")
+    launcher = ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    env = {"PRETRAIN_TRAIN_FAULT": "SIGKILL@6:rank=1"}
+    output = finish(torchrun(launcher, path, SNAPSHOT, env=env), timeout_s=GUARD_S)
+    assert "exitcode: -9" in output  # torchrun saw the SIGKILL, then restarted the group
+    manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
+    assert manifest.extra["restarts"] == 1
+    resumed = [
+        json.loads(line)
+        for log_file in (tmp_path / "data").glob("_runs/*/logs/train-rank*.ecs.json")
+        for line in log_file.read_text().splitlines()
+        if "resumed from step" in line
+    ]
+    assert sorted(entry["labels"]["rank"] for entry in resumed) == [0, 1]
+    assert {entry["message"].split(" (")[0] for entry in resumed} == {"resumed from step 4"}
+    assert losses(config, SNAPSHOT) == one_f_one_b[0]
+    assert manifest.extra["val_loss"] == one_f_one_b[3].extra["val_loss"]
