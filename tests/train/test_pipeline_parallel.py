@@ -264,7 +264,12 @@ def assert_same_step(result, reference) -> None:
 @pytest.mark.slow
 def test_one_pipeline_step_matches_one_process_for_every_schedule(tmp_path):
     reference = one_process(tmp_path, "single", ["train.batch_size=8"])
-    results = pipeline_step(tmp_path, "pp2", 2, list(PIPELINE), SCHEDULES)
+    # Activation checkpointing recomputes each block in backward: the same gradients (no dropout here).
+    recompute = [
+        "train.pipeline_schedule=1f1b",
+        "model.overrides={num_hidden_layers: 4, activation_checkpointing: true}",
+    ]
+    results = pipeline_step(tmp_path, "pp2", 2, list(PIPELINE), {**SCHEDULES, "1f1b-recompute": recompute})
     for name, result in results.items():
         loss, grads = result
         assert float(loss) > 0, name
