@@ -446,6 +446,21 @@ def compare(
     return agree / max(len(ours), 1), disagreements
 
 
+def bench_config(data_root: Path, workers: int, *overrides: str):
+    """The default config on ``local[workers]``, with the tests' environment setup."""
+    from tests.conftest import make_config
+
+    return make_config(
+        data_root,
+        f"spark.master=local[{workers}]",
+        "spark.driver_memory=4g",
+        f"spark.shuffle_partitions={workers * 4}",
+        # one task per corpus file, so both cores stay busy to the end
+        f"spark.extra_conf={{spark.sql.files.minPartitionNum: '{workers * 8}'}}",
+        *overrides,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -463,16 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("datatrove is missing: run `make bench-venv` and use .venv-bench/bin/python")
     count = args.docs or (5_000 if args.quick else 100_000)
 
-    from tests.conftest import make_config  # the same environment setup as the tests
-
-    config = make_config(
-        args.out / "data",
-        f"spark.master=local[{args.workers}]",
-        "spark.driver_memory=4g",
-        f"spark.shuffle_partitions={args.workers * 4}",
-        # one task per corpus file, so both cores stay busy to the end
-        f"spark.extra_conf={{spark.sql.files.minPartitionNum: '{args.workers * 8}'}}",
-    )
+    config = bench_config(args.out / "data", args.workers)
     raw_dir, normalized_dir = build_corpus(count, args.seed, args.out)
     # A Spark job's first run pays for JIT compilation and Python worker start-up (model loading); pay
     # them on a separate small corpus, as a long-running cluster would have, and report them.
