@@ -1,7 +1,7 @@
 """One source file in, one row per record out: a document, a quarantined record with its reason, or a
 skipped non-document record (WARC requests, metadata, warcinfo), counted but never written.
 
-Each reader streams its file (warcio record by record, JSONL line by line, Parquet batch by batch), so no
+Each reader streams its file (warcio record by record, JSONL line by line, Parquet and Arrow batch by batch), so no
 record is held longer than it takes to turn it into a row. A failing record never fails the file and a
 failing file never fails the task: both become quarantined rows (``ingest_batches``).
 """
@@ -323,48 +323,110 @@ def read_parquet(
         first = sum(metadata.row_group(index).num_rows for index in range(groups[0] if groups else 0))
         names = parquet.schema_arrow.names
         if config.text_column not in names:
-            reason = f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
+            reason = _no_text_column(config, names)
             rows = sum(metadata.row_group(index).num_rows for index in groups)
             for number in range(first, first + rows):
                 yield _quarantined(source, number, fmt, reason)
             return
-        wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
-        columns = [name for name in dict.fromkeys(wanted) if name in names]
-        number = first - 1
+        columns = _wanted_columns(config, names)
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns)
+        yield from _batch_rows(source, fmt, batches, first, config)
+
+
+def read_arrow(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """An Arrow IPC file as Hugging Face's ``Dataset.save_to_disk`` writes its shards (the stream format;
+    the random-access file format is read too), record batch by record batch."""
+    with open_source(source) as handle:
         try:
-            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns):
-                text_column = batch.column(config.text_column)
-                if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
-                    raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
-                else:
-                    raw_texts = text_column.to_pylist()
-                others = {
-                    name: batch.column(name).to_pylist() for name in columns if name != config.text_column
-                }
-                for row, raw in enumerate(raw_texts):
-                    number += 1
-                    nbytes = len(raw) if isinstance(raw, bytes) else None
-                    if isinstance(raw, bytes):
-                        if nbytes > config.max_record_bytes:
-                            reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
-                            yield _quarantined(source, number, fmt, reason, nbytes)
-                            continue
-                        try:
-                            raw = raw.decode("utf-8")
-                        except UnicodeDecodeError as exc:
-                            yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
-                            continue
-                    fields = {name: values[row] for name, values in others.items()}
-                    fields[config.text_column] = raw
-                    try:
-                        yield _record(source, number, fmt, fields, nbytes or 0, config)
-                    except Exception as exc:
-                        yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
+            try:
+                stream = pa.ipc.open_stream(handle)
+                names, batches = stream.schema.names, iter(stream)
+            except pa.ArrowInvalid:  # not a stream: the file format starts with its own magic bytes
+                handle.seek(0)
+                reader = pa.ipc.open_file(handle)
+                names = reader.schema.names
+                batches = (reader.get_batch(index) for index in range(reader.num_record_batches))
         except Exception as exc:
-            yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+            yield _quarantined(source, 0, fmt, _file_failure(exc))
+            return
+        if config.text_column not in names:
+            batches = (batch.select([]) for batch in batches)  # read only to number the records
+            yield from _batch_rows(source, fmt, batches, 0, config, _no_text_column(config, names))
+            return
+        columns = _wanted_columns(config, names)
+        yield from _batch_rows(source, fmt, (batch.select(columns) for batch in batches), 0, config)
 
 
-READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": read_parquet}
+def _no_text_column(config: IngestConfig, names: list[str]) -> str:
+    return f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
+
+
+def _wanted_columns(config: IngestConfig, names: list[str]) -> list[str]:
+    wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
+    return [name for name in dict.fromkeys(wanted) if name in names]
+
+
+def _batch_rows(
+    source: str,
+    fmt: str,
+    batches: Iterator[pa.RecordBatch],
+    first: int,
+    config: IngestConfig,
+    missing: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Rows of a columnar file's record batches (Parquet, Arrow), numbered from ``first``: texts are read
+    as bytes, so invalid UTF-8 and oversized texts are quarantined one by one, not for the whole batch.
+    ``missing``: the file has no text column; every record is quarantined with that reason."""
+    number = first - 1
+    try:
+        for batch in batches:
+            if missing is not None:
+                for _ in range(batch.num_rows):
+                    number += 1
+                    yield _quarantined(source, number, fmt, missing)
+                continue
+            text_column = batch.column(config.text_column)
+            if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
+                raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
+            else:
+                raw_texts = text_column.to_pylist()
+            others = {
+                name: batch.column(name).to_pylist()
+                for name in batch.schema.names
+                if name != config.text_column
+            }
+            for row, raw in enumerate(raw_texts):
+                number += 1
+                nbytes = len(raw) if isinstance(raw, bytes) else None
+                if isinstance(raw, bytes):
+                    if nbytes > config.max_record_bytes:
+                        reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
+                        yield _quarantined(source, number, fmt, reason, nbytes)
+                        continue
+                    try:
+                        raw = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
+                        continue
+                fields = {name: values[row] for name, values in others.items()}
+                fields[config.text_column] = raw
+                try:
+                    yield _record(source, number, fmt, fields, nbytes or 0, config)
+                except Exception as exc:
+                    yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
+    except Exception as exc:
+        yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+READERS = {
+    "warc": read_warc,
+    "wet": read_warc,
+    "jsonl": read_jsonl,
+    "parquet": read_parquet,
+    "arrow": read_arrow,
+}
 
 
 def ingest_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> Iterator[pa.RecordBatch]:

@@ -16,6 +16,7 @@ from pipeline.core.manifest import sha256_file
 from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.dedup import job as dedup_job
 from pipeline.ingest import job as ingest_job
+from pipeline.ingest.sources import HF_DATASET_METADATA
 from pipeline.tokenization import job as tokenize_job
 from tests.conftest import make_config
 from tests.ingest.sources import MAX_RECORD_BYTES, write_all
@@ -86,13 +87,14 @@ def test_hostile_records_are_quarantined_with_reasons_and_the_counts_add_up(pipe
             assert part["records"] == expected[fmt]["records"], fmt
     assert all(row["drop_reason"] and row["id"] for row in excluded)
     assert counters["skipped"]["warc.request"] == counters["skipped"]["warc.metadata"] + 1  # the cut one
-    assert counters["source_files"] == len(manifest.extra["sources"]) == 9
+    assert counters["source_files"] == len(manifest.extra["sources"]) == 14
 
 
 def test_the_manifest_names_every_source_file_with_size_and_checksum(pipeline_run):
     _, sources, _, ref = pipeline_run
     listed = {entry["path"]: entry for entry in ref("ingest").manifest().extra["sources"]}
-    assert set(listed) == {str(path) for path in sources.iterdir()}
+    files = {path for path in sources.rglob("*") if path.is_file()}
+    assert set(listed) == {str(path) for path in files if path.name not in HF_DATASET_METADATA}
     for path, entry in listed.items():
         assert entry["sha256"] == sha256_file(path) and entry["bytes"] == Path(path).stat().st_size
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.core.config import ConfigError
@@ -53,8 +55,22 @@ def expected_ids(expected: dict) -> set[str]:
 
 def test_the_listing_expands_folders_and_tells_formats_by_extension(written, tmp_path):
     folder, _ = written
-    formats = {source.format for source in list_sources([str(folder)])}
-    assert formats == {"warc", "wet", "jsonl", "parquet"}
+    listed = list_sources([str(folder)])
+    assert {source.format for source in listed} == {"warc", "wet", "jsonl", "parquet", "arrow"}
+    # A save_to_disk folder: its shards in order, its state.json / dataset_info.json / dataset_dict.json
+    # are metadata, not JSON Lines.
+    hf = [
+        Path(source.path).relative_to(folder / "hf_dataset")
+        for source in listed
+        if "hf_dataset" in source.path
+    ]
+    assert [str(path) for path in hf] == [
+        "test/data-00000-of-00001.arrow",
+        "train/data-00000-of-00002.arrow",
+        "train/data-00001-of-00002.arrow",
+        "validation/data-00000-of-00001.arrow",
+    ]
+    assert format_of("data-00000-of-00001.arrow") == "arrow"
     assert format_of("CC-MAIN-2026-00001.warc.wet.gz") == "wet"
     assert format_of("CC-MAIN-2026-00001.warc.gz") == "warc"
     assert format_of("part.jsonl.gz") == "jsonl" and format_of("x.txt") is None
@@ -65,7 +81,7 @@ def test_the_listing_expands_folders_and_tells_formats_by_extension(written, tmp
         list_sources([str(tmp_path / "notes.txt")])
 
 
-@pytest.mark.parametrize("fmt", ["warc", "wet", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["warc", "wet", "jsonl", "parquet", "arrow"])
 def test_each_format_gives_its_documents_and_quarantines_hostile_records(written, fmt):
     folder, expected = written
     rows = read(folder, fmt)
