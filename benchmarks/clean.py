@@ -272,21 +272,29 @@ def build_corpus(count: int, seed: int, folder: Path, files: int = 16) -> tuple[
     return raw_dir, normalized_dir
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and all its descendants (Spark's JVM and Python workers,
-    datatrove's worker pool), including descendants that already exited and were reaped. Unlike wall
-    time this does not depend on what else the machine runs."""
+def process_cpu() -> dict[int, float]:
+    """CPU seconds used so far by this process and by each live descendant (Spark's JVM and Python
+    workers, datatrove's forkserver and pool), each with its reaped children. Unlike wall time this does
+    not depend on what else the machine runs."""
     import psutil
 
     me = psutil.Process()
-    total = 0.0
+    used = {}
     for process in [me, *me.children(recursive=True)]:
         try:
             times = process.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+        used[process.pid] = times.user + times.system + times.children_user + times.children_system
+    return used
+
+
+def cpu_seconds_since(start: dict[int, float]) -> float:
+    """CPU seconds the process tree used since ``start`` (a process_cpu()), process by process. Not the
+    difference of two totals: Spark's Python daemon ignores SIGCHLD, so a worker it retires (idle for a
+    minute, e.g. while datatrove ran) takes its CPU seconds out of every total; per process, a retired
+    worker simply stops counting, having used nothing in the meantime."""
+    return sum(seconds - start.get(pid, 0.0) for pid, seconds in process_cpu().items())
 
 
 # --- ours ----------------------------------------------------------------------------------------------
@@ -301,13 +309,13 @@ def run_ours(raw_dir: Path, out: Path, config) -> dict:
     started = time.perf_counter()
     spark = spark_session(config, "bench-clean")
     session_seconds = time.perf_counter() - started
-    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
+    begin, cpu_begin = time.perf_counter(), process_cpu()
     extracted = spark.read.schema(spark_schema(EXTRACTED_SCHEMA)).parquet(str(raw_dir))
     decided = clean_documents(extracted, config).cache()
     write_outputs(decided, out, config.spark.output_files)
     counters = clean_counters(decided)
     decided.unpersist()
-    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
+    seconds, cpu_seconds = time.perf_counter() - begin, cpu_seconds_since(cpu_begin)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
@@ -410,9 +418,9 @@ def run_datatrove_pipeline(pipeline: list, out: Path, tasks: int, workers: int) 
     from datatrove.executor import LocalPipelineExecutor
 
     executor = LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs"))
-    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
+    begin, cpu_begin = time.perf_counter(), process_cpu()
     executor.run()
-    return {"seconds": time.perf_counter() - begin, "cpu_seconds": tree_cpu_seconds() - cpu_begin}
+    return {"seconds": time.perf_counter() - begin, "cpu_seconds": cpu_seconds_since(cpu_begin)}
 
 
 def run_datatrove(normalized_dir: Path, out: Path, clean, workers: int) -> dict:

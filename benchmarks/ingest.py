@@ -47,11 +47,12 @@ from benchmarks.clean import (  # noqa: E402
     bench_config,
     build_corpus,
     compare,
+    cpu_seconds_since,
     datatrove_chain,
     datatrove_decisions,
     our_decisions,
+    process_cpu,
     run_datatrove_pipeline,
-    tree_cpu_seconds,
 )
 
 FORMATS = ("wet", "parquet")
@@ -117,11 +118,11 @@ def run_ours(sources: Path, fmt: str, data_root: Path, workers: int) -> dict:
     )
     spark_session(config, "bench-ingest")  # started (or found) before the clock, as in clean.py
     ingest, clean = DatasetRef.of(config, "ingest", fmt), DatasetRef.of(config, "clean", fmt)
-    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
+    begin, cpu_begin = time.perf_counter(), process_cpu()
     ingested = ingest_job.run(config, [], ingest)
     middle = time.perf_counter()
     cleaned = clean_job.run(config, [ingest], clean)
-    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
+    seconds, cpu_seconds = time.perf_counter() - begin, cpu_seconds_since(cpu_begin)
     return {
         "seconds": seconds,
         "ingest_seconds": middle - begin,
@@ -193,10 +194,10 @@ def main(argv: list[str] | None = None) -> int:
 
     spark_session(bench_config(data_root, args.workers), "bench-ingest")
     session_seconds = time.perf_counter() - session_begin
-    warm_begin, warm_cpu = time.perf_counter(), tree_cpu_seconds()
+    warm_begin, warm_cpu_begin = time.perf_counter(), process_cpu()
     for fmt in FORMATS:
         run_ours(warm_sources, fmt, args.out / "warm-up", args.workers)
-    warm_seconds, warm_cpu = time.perf_counter() - warm_begin, tree_cpu_seconds() - warm_cpu
+    warm_seconds, warm_cpu = time.perf_counter() - warm_begin, cpu_seconds_since(warm_cpu_begin)
     print(f"ours warm-up, {WARM_UP_DOCS} documents per format: {warm_seconds:.1f} s, {warm_cpu:.1f} CPU s")
 
     from pipeline.clean.config import CleanConfig
