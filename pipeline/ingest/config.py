@@ -28,6 +28,12 @@ class IngestConfig(Section):
     metadata_columns: list[str] = Field(
         default_factory=list, description="JSONL/Parquet/Arrow: columns kept, as JSON, in documents/metadata"
     )
+    split_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=0,
+        description="an uncompressed JSONL file larger than this is read by several tasks, one per piece "
+        "of this size (0: one task per file)",
+    )
     max_record_bytes: int = Field(
         10 * 1024 * 1024, gt=0, description="a larger record (WARC payload, JSONL line, text) is quarantined"
     )
