@@ -11,9 +11,10 @@ repetitive pages, short pages, bullet lists, code, mojibake, PII, junk, German/F
 * ours: the clean stage's Spark job (``clean_documents`` + writing ``documents/`` and ``excluded/``) on
   ``local[2]``, from the raw texts: normalisation, language id, all signals, decisions, PII redaction.
 * datatrove 0.10.1: ``LocalPipelineExecutor`` with 2 workers running ParquetReader -> language filter ->
-  GopherRepetitionFilter -> GopherQualityFilter -> C4QualityFilter -> FineWebQualityFilter -> JsonlWriter,
-  each filter with the same thresholds and an exclusion writer, on the texts our normaliser produced
-  (so both decide on the same characters). Its language filter runs py3langid like ours: datatrove's
+  GopherRepetitionFilter -> GopherQualityFilter -> C4QualityFilter -> FineWebQualityFilter -> ParquetWriter,
+  configured as datatrove's ``examples/fineweb.py`` configures them (``fineweb_filters``), each with an
+  exclusion writer, on the texts our normaliser produced (so both decide on the same characters). Ours
+  runs its default config (recipe ``fineweb``). The language filter runs py3langid like ours: datatrove's
   own LanguageFilter downloads a fastText model, and this machine has no internet.
 
 Reported: documents per second (wall clock) for each and their ratio; CPU seconds of each process tree and
@@ -41,7 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_VERSION = 3  # bump when make_document or the file layout changes, so a cached corpus is rebuilt
 WARM_UP_DOCS = 500
-sys.path.insert(0, str(ROOT))
+# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
+# `tokenize` (which linecache, and through it pyspark and torch, imports): replace it by the repository
+# root, which also holds tests.conftest (not installed). Nothing above imports tokenize.
+sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 BOILERPLATE = [
     "Home | About | Contact | Blog",
@@ -268,29 +272,35 @@ def build_corpus(count: int, seed: int, folder: Path, files: int = 16) -> tuple[
     return raw_dir, normalized_dir
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and all its descendants (Spark's JVM and Python workers,
-    datatrove's worker pool), including descendants that already exited and were reaped. Unlike wall
-    time this does not depend on what else the machine runs."""
+def process_cpu() -> dict[int, float]:
+    """CPU seconds used so far by this process and by each live descendant (Spark's JVM and Python
+    workers, datatrove's forkserver and pool), each with its reaped children. Unlike wall time this does
+    not depend on what else the machine runs."""
     import psutil
 
     me = psutil.Process()
-    total = 0.0
+    used = {}
     for process in [me, *me.children(recursive=True)]:
         try:
             times = process.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
+        used[process.pid] = times.user + times.system + times.children_user + times.children_system
+    return used
+
+
+def cpu_seconds_since(start: dict[int, float]) -> float:
+    """CPU seconds the process tree used since ``start`` (a process_cpu()), process by process. Not the
+    difference of two totals: Spark's Python daemon ignores SIGCHLD, so a worker it retires (idle for a
+    minute, e.g. while datatrove ran) takes its CPU seconds out of every total; per process, a retired
+    worker simply stops counting, having used nothing in the meantime."""
+    return sum(seconds - start.get(pid, 0.0) for pid, seconds in process_cpu().items())
 
 
 # --- ours ----------------------------------------------------------------------------------------------
 
 
 def run_ours(raw_dir: Path, out: Path, config) -> dict:
-    import pyarrow.parquet as pq
-
     from pipeline.clean.extract import EXTRACTED_SCHEMA
     from pipeline.clean.job import clean_counters, clean_documents, write_outputs
     from pipeline.core.spark import spark_schema, spark_session
@@ -299,33 +309,46 @@ def run_ours(raw_dir: Path, out: Path, config) -> dict:
     started = time.perf_counter()
     spark = spark_session(config, "bench-clean")
     session_seconds = time.perf_counter() - started
-    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
+    begin, cpu_begin = time.perf_counter(), process_cpu()
     extracted = spark.read.schema(spark_schema(EXTRACTED_SCHEMA)).parquet(str(raw_dir))
     decided = clean_documents(extracted, config).cache()
     write_outputs(decided, out, config.spark.output_files)
     counters = clean_counters(decided)
     decided.unpersist()
-    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
-    decisions = {}
-    for dataset in ("documents", "excluded"):
-        table = pq.read_table(
-            out / dataset, columns=["id"] + (["drop_rule"] if dataset == "excluded" else [])
-        )
-        rules = table.column("drop_rule").to_pylist() if dataset == "excluded" else [None] * table.num_rows
-        decisions.update(zip(table.column("id").to_pylist(), rules, strict=True))
+    seconds, cpu_seconds = time.perf_counter() - begin, cpu_seconds_since(cpu_begin)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "session_seconds": session_seconds,
-        "decisions": decisions,
+        "decisions": our_decisions(out),
         "counters": counters,
     }
+
+
+def our_decisions(out: Path, key: str = "id") -> dict[str, str | None]:
+    """key -> None (kept) or the drop rule, from a clean output's documents/ and excluded/."""
+    import pyarrow.parquet as pq
+
+    decisions = {}
+    for dataset in ("documents", "excluded"):
+        table = pq.read_table(out / dataset, columns=[key] + (["drop_rule"] if dataset == "excluded" else []))
+        rules = table.column("drop_rule").to_pylist() if dataset == "excluded" else [None] * table.num_rows
+        decisions.update(zip(table.column(key).to_pylist(), rules, strict=True))
+    return decisions
 
 
 # --- datatrove ---------------------------------------------------------------------------------------
 
 
-def _datatrove_pipeline(normalized_dir: Path, out: Path, clean):
+def fineweb_filters(excluded, langid_max_chars: int) -> list:
+    """datatrove's FineWeb filter chain as its ``examples/fineweb.py`` runs it: each filter with datatrove's
+    own defaults, C4 with ``filter_no_terminal_punct=False``, ``excluded(name)`` as each exclusion writer.
+    So the agreement measures our default recipe against FineWeb's run, not against our own thresholds.
+
+    Left out: URLFilter (its blocklists; our clean stage has no URL filter) and Trafilatura (the inputs
+    are text). py3langid stands in for LanguageFilter's fastText model (this machine is offline), with
+    LanguageFilter's defaults: English, score >= 0.65.
+    """
     from datatrove.pipeline.filters import (
         C4QualityFilter,
         FineWebQualityFilter,
@@ -333,8 +356,6 @@ def _datatrove_pipeline(normalized_dir: Path, out: Path, clean):
         GopherRepetitionFilter,
     )
     from datatrove.pipeline.filters.base_filter import BaseFilter
-    from datatrove.pipeline.readers import ParquetReader
-    from datatrove.pipeline.writers import ParquetWriter
 
     class Py3LangidFilter(BaseFilter):
         name = "py3langid language"
@@ -352,108 +373,100 @@ def _datatrove_pipeline(normalized_dir: Path, out: Path, clean):
                 return False, "language.not_kept"
             return score >= self.threshold or (False, "language.min_score")
 
+    return [
+        Py3LangidFilter(["en"], 0.65, langid_max_chars, excluded("language")),
+        GopherRepetitionFilter(exclusion_writer=excluded("gopher_repetition")),
+        GopherQualityFilter(exclusion_writer=excluded("gopher_quality")),
+        C4QualityFilter(filter_no_terminal_punct=False, exclusion_writer=excluded("c4")),
+        FineWebQualityFilter(exclusion_writer=excluded("fineweb")),
+    ]
+
+
+def datatrove_chain(reader, out: Path, clean) -> list:
+    """reader -> the FineWeb filters -> a writer of the kept documents, every step writing Parquet."""
+    from datatrove.pipeline.writers import ParquetWriter
+
     def excluded(name):
         return ParquetWriter(str(out / "excluded" / name), compression="zstd", expand_metadata=True)
 
-    gq, gr, c4, fw = clean.gopher_quality, clean.gopher_repetition, clean.c4, clean.fineweb
     return [
-        ParquetReader(
-            str(normalized_dir), text_key="text", id_key="id", read_metadata=False, glob_pattern="*.parquet"
-        ),
-        Py3LangidFilter(
-            clean.languages, clean.min_language_score, clean.langid_max_chars, excluded("language")
-        ),
-        GopherRepetitionFilter(
-            dup_line_frac=gr.max_dup_line_frac,
-            dup_para_frac=gr.max_dup_para_frac,
-            dup_line_char_frac=gr.max_dup_line_char_frac,
-            dup_para_char_frac=gr.max_dup_para_char_frac,
-            top_n_grams=tuple((n, getattr(gr, f"max_top_{n}_gram_char_frac")) for n in (2, 3, 4)),
-            dup_n_grams=tuple((n, getattr(gr, f"max_dup_{n}_gram_char_frac")) for n in range(5, 11)),
-            exclusion_writer=excluded("gopher_repetition"),
-        ),
-        GopherQualityFilter(
-            min_doc_words=gq.min_doc_words,
-            max_doc_words=gq.max_doc_words,
-            min_avg_word_length=gq.min_avg_word_length,
-            max_avg_word_length=gq.max_avg_word_length,
-            max_symbol_word_ratio=gq.max_symbol_word_ratio,
-            max_bullet_lines_ratio=gq.max_bullet_lines_ratio,
-            max_ellipsis_lines_ratio=gq.max_ellipsis_lines_ratio,
-            max_non_alpha_words_ratio=gq.min_alpha_words_ratio,
-            min_stop_words=gq.min_stop_words,
-            stop_words=gq.stop_words,
-            exclusion_writer=excluded("gopher_quality"),
-        ),
-        C4QualityFilter(
-            remove_citations=c4.remove_citations,
-            filter_no_terminal_punct=c4.filter_no_terminal_punct,
-            min_num_sentences=c4.min_num_sentences if c4.min_num_sentences is not None else -1,
-            min_words_per_line=c4.min_words_per_line if c4.min_words_per_line is not None else -1,
-            max_word_length=c4.max_word_length if c4.max_word_length is not None else -1,
-            filter_lorem_ipsum=c4.filter_lorem_ipsum,
-            filter_javascript=c4.filter_javascript,
-            filter_curly_bracket=c4.filter_curly_bracket,
-            filter_policy=c4.filter_policy,
-            exclusion_writer=excluded("c4"),
-        ),
-        FineWebQualityFilter(
-            line_punct_thr=fw.min_line_punct_ratio,
-            line_punct_exclude_zero=fw.line_punct_exclude_zero,
-            short_line_thr=fw.max_short_line_ratio,
-            short_line_length=fw.short_line_length,
-            char_duplicates_ratio=fw.max_char_dup_ratio,
-            new_line_ratio=fw.max_newline_word_ratio,
-            exclusion_writer=excluded("fineweb"),
-        ),
+        reader,
+        *fineweb_filters(excluded, clean.langid_max_chars),
         ParquetWriter(str(out / "kept"), compression="zstd", expand_metadata=True),
     ]
 
 
-def run_datatrove(normalized_dir: Path, out: Path, clean, workers: int) -> dict:
-    from datatrove.executor import LocalPipelineExecutor
-
-    shutil.rmtree(out, ignore_errors=True)
-    files = len(list(normalized_dir.glob("*.parquet")))
-    executor = LocalPipelineExecutor(
-        _datatrove_pipeline(normalized_dir, out, clean),
-        tasks=files,
-        workers=workers,
-        logging_dir=str(out / "logs"),
-    )
-    begin, cpu_begin = time.perf_counter(), tree_cpu_seconds()
-    executor.run()
-    seconds, cpu_seconds = time.perf_counter() - begin, tree_cpu_seconds() - cpu_begin
+def datatrove_decisions(out: Path, key: str = "id") -> dict[str, str | None]:
+    """key -> None (kept) or the dropping step and reason, from datatrove_chain's writers."""
     import pyarrow.parquet as pq
 
     decisions = {}
     for path in sorted(out.glob("kept/*.parquet")):
-        decisions.update(dict.fromkeys(pq.read_table(path, columns=["id"]).column("id").to_pylist()))
+        decisions.update(dict.fromkeys(pq.read_table(path, columns=[key]).column(key).to_pylist()))
     for path in sorted(out.glob("excluded/*/*.parquet")):
         step = path.parent.name
-        table = pq.read_table(path, columns=["id", "filter_reason"])
+        table = pq.read_table(path, columns=[key, "filter_reason"])
         for doc_id, reason in zip(
-            table.column("id").to_pylist(), table.column("filter_reason").to_pylist(), strict=True
+            table.column(key).to_pylist(), table.column("filter_reason").to_pylist(), strict=True
         ):
             decisions[doc_id] = reason if step == "language" else f"{step}:{reason}"
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "decisions": decisions}
+    return decisions
+
+
+def run_datatrove_pipeline(pipeline: list, out: Path, tasks: int, workers: int) -> dict:
+    """Run a datatrove pipeline with LocalPipelineExecutor; wall and process-tree CPU seconds."""
+    from datatrove.executor import LocalPipelineExecutor
+
+    executor = LocalPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=str(out / "logs"))
+    begin, cpu_begin = time.perf_counter(), process_cpu()
+    executor.run()
+    return {"seconds": time.perf_counter() - begin, "cpu_seconds": cpu_seconds_since(cpu_begin)}
+
+
+def run_datatrove(normalized_dir: Path, out: Path, clean, workers: int) -> dict:
+    from datatrove.pipeline.readers import ParquetReader
+
+    shutil.rmtree(out, ignore_errors=True)
+    reader = ParquetReader(
+        str(normalized_dir), text_key="text", id_key="id", read_metadata=False, glob_pattern="*.parquet"
+    )
+    files = len(list(normalized_dir.glob("*.parquet")))
+    timing = run_datatrove_pipeline(datatrove_chain(reader, out, clean), out, files, workers)
+    return {**timing, "decisions": datatrove_decisions(out)}
 
 
 # --- comparison --------------------------------------------------------------------------------------
 
 
-def compare(ours: dict[str, str | None], theirs: dict[str, str | None]) -> tuple[float, collections.Counter]:
-    """Agreement over every document; a document datatrove never saw (empty after normalising) counts
-    as dropped by it."""
+def compare(
+    ours: dict[str, str | None], theirs: dict[str, str | None], unseen: str = "empty"
+) -> tuple[float, collections.Counter]:
+    """Agreement over every document; a document datatrove never saw (here: empty after normalising)
+    counts as dropped by it, for the reason ``unseen``."""
     agree = 0
     disagreements: collections.Counter = collections.Counter()
     for doc_id, our_rule in ours.items():
-        their_reason = theirs.get(doc_id, "empty")
+        their_reason = theirs.get(doc_id, unseen)
         if (our_rule is None) == (their_reason is None):
             agree += 1
         else:
             disagreements[(our_rule or "kept", their_reason or "kept")] += 1
     return agree / max(len(ours), 1), disagreements
+
+
+def bench_config(data_root: Path, workers: int, *overrides: str):
+    """The default config on ``local[workers]``, with the tests' environment setup."""
+    from tests.conftest import make_config
+
+    return make_config(
+        data_root,
+        f"spark.master=local[{workers}]",
+        "spark.driver_memory=4g",
+        f"spark.shuffle_partitions={workers * 4}",
+        # one task per corpus file, so both cores stay busy to the end
+        f"spark.extra_conf={{spark.sql.files.minPartitionNum: '{workers * 8}'}}",
+        *overrides,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,16 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("datatrove is missing: run `make bench-venv` and use .venv-bench/bin/python")
     count = args.docs or (5_000 if args.quick else 100_000)
 
-    from tests.conftest import make_config  # the same environment setup as the tests
-
-    config = make_config(
-        args.out / "data",
-        f"spark.master=local[{args.workers}]",
-        "spark.driver_memory=4g",
-        f"spark.shuffle_partitions={args.workers * 4}",
-        # one task per corpus file, so both cores stay busy to the end
-        f"spark.extra_conf={{spark.sql.files.minPartitionNum: '{args.workers * 8}'}}",
-    )
+    config = bench_config(args.out / "data", args.workers)
     raw_dir, normalized_dir = build_corpus(count, args.seed, args.out)
     # A Spark job's first run pays for JIT compilation and Python worker start-up (model loading); pay
     # them on a separate small corpus, as a long-running cluster would have, and report them.

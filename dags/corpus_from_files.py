@@ -1,4 +1,4 @@
-"""A corpus from files you already have: ingest (Common Crawl WARC/WET, JSONL, Parquet), then the corpus stages.
+"""A corpus from files you already have: ingest (Common Crawl WARC/WET, JSONL, Parquet, HF Arrow), then the corpus stages.
 
 Triggered by hand (or `airflow dags trigger corpus_from_files --conf '{"snapshot": "cc1", "sources": [...]}'`):
 `sources` names the files, folders, globs or URIs to read, and the other ingest settings (text, id, URL and

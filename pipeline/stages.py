@@ -82,7 +82,7 @@ STAGES: tuple[Stage, ...] = (
         reads=(),
         runner="spark",
         group="corpus",
-        help="Spark: existing corpora (WARC/WET, JSONL, Parquet) into clean's input; then clean --input-stage ingest",
+        help="Spark: existing corpora (WARC/WET, JSONL, Parquet, Arrow) into clean's input; then clean --input-stage ingest",
         sections={"ingest": IngestConfig},
     ),
     Stage(

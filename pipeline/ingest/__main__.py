@@ -1,11 +1,12 @@
 """`python -m pipeline.ingest` / `pretrain ingest`: existing corpora into the clean stage's input contract.
 
 Reads Common Crawl WARC (HTML responses extracted as the crawl's pages are) and WET files with warcio, and
-JSONL or Parquet with a configurable text column, in Spark; bad records are quarantined in excluded/ with
-a reason, never fatal (docs/ingest.md). Then clean reads it: `pretrain clean` with `--input-stage` ingest.
+JSONL, Parquet or a Hugging Face dataset saved to disk (Arrow) with a configurable text column, in Spark;
+bad records are quarantined in excluded/ with a reason, never fatal (docs/ingest.md). Then clean reads it: `pretrain clean` with `--input-stage` ingest.
 
   pretrain ingest --snapshot cc1 --source 'data/cc/*.warc.wet.gz'
   pretrain ingest --snapshot s3 --source corpus.jsonl --set ingest.id_column=doc_id
+  pretrain ingest --snapshot hf --source my_dataset/    # a Hugging Face dataset's save_to_disk folder
   pretrain ingest --snapshot cc1      # again, no --source: re-read the files the snapshot's manifest names
 
 Also runs under spark-submit: `spark-submit pipeline/ingest/__main__.py --snapshot cc1 --source ...`.
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["auto", "warc", "wet", "jsonl", "parquet"],
+        choices=["auto", "warc", "wet", "jsonl", "parquet", "arrow"],
         help="source format (same as --set ingest.format=...; default auto: by extension)",
     )
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from pipeline.core.config import Section
 
-Format = Literal["auto", "warc", "wet", "jsonl", "parquet"]
+Format = Literal["auto", "warc", "wet", "jsonl", "parquet", "arrow"]
 
 
 class IngestConfig(Section):
@@ -18,15 +18,21 @@ class IngestConfig(Section):
         "the files the snapshot's stored ingest names",
     )
     format: Format = Field(
-        "auto", description="auto: by extension (.warc[.gz], .wet[.gz], .jsonl[.gz], .parquet)"
+        "auto", description="auto: by extension (.warc[.gz], .wet[.gz], .jsonl[.gz], .parquet, .arrow)"
     )
-    text_column: str = Field("text", min_length=1, description="JSONL/Parquet: the document text")
+    text_column: str = Field("text", min_length=1, description="JSONL/Parquet/Arrow: the document text")
     id_column: str | None = Field(
-        None, description="JSONL/Parquet: a stable id; else a hash of the URL, else of the normalised text"
+        None, description="JSONL/Parquet/Arrow: a stable id; else a hash of the URL, else of the text"
     )
-    url_column: str | None = Field("url", description="JSONL/Parquet: the URL, when there is one")
+    url_column: str | None = Field("url", description="JSONL/Parquet/Arrow: the URL, when there is one")
     metadata_columns: list[str] = Field(
-        default_factory=list, description="JSONL/Parquet: columns kept, as JSON, in documents/metadata"
+        default_factory=list, description="JSONL/Parquet/Arrow: columns kept, as JSON, in documents/metadata"
+    )
+    split_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=0,
+        description="an uncompressed JSONL file larger than this is read by several tasks, one per piece "
+        "of this size (0: one task per file)",
     )
     max_record_bytes: int = Field(
         10 * 1024 * 1024, gt=0, description="a larger record (WARC payload, JSONL line, text) is quarantined"

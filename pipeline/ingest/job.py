@@ -1,7 +1,8 @@
 """The ingest stage as a Spark job: source files in, the clean stage's input contract out.
 
 1. list the sources in the driver (metadata only) and checksum each file in a Spark task;
-2. read each file (each row group of a Parquet file) in a Spark task of its own (``readers.ingest_batches``):
+2. read each file (each row group of a Parquet file, each piece of a large uncompressed JSONL file) in a
+   Spark task of its own (``readers.ingest_batches``):
    one row per record, a document or a quarantined record with its reason;
 3. write ``documents/`` (clean's EXTRACTED_SCHEMA plus where each record came from, its size and metadata)
    and ``excluded/``, and a manifest naming every source file with its size and sha256.
@@ -23,6 +24,7 @@ from pipeline.ingest.readers import (
     CHECKSUM_SCHEMA,
     INGESTED_SCHEMA,
     SKIPPED,
+    byte_ranges,
     checksum_batches,
     ingest_batches,
 )
@@ -45,36 +47,45 @@ def stored_sources(output: DatasetRef) -> list[dict]:
     return list(output.manifest().extra.get("sources", []))
 
 
-def _parts(entry: SourceFile) -> list[int | None]:
-    """A Parquet file's row groups, each read by a task of its own (its footer, read here, is small); one
-    part for any other file (gzip streams cannot be split) or a footer that cannot be read."""
+def _parts(entry: SourceFile, records_before: list[int] | None, settings) -> list[tuple]:
+    """(row group, start, end, first) of each task reading this file: each row group of a Parquet file
+    (its footer, read here, is small); each piece of a splittable JSONL file (``records_before``, counted in
+    the checksum pass, numbers its records); else one task for the file (gzip streams cannot be split),
+    also for a footer that cannot be read."""
+    if entry.format == "jsonl" and records_before is not None:
+        return [(None, r.start, r.end, r.first) for r in byte_ranges(entry.bytes, settings, records_before)]
     if entry.format != "parquet":
-        return [None]
+        return [(None, None, None, None)]
     import pyarrow.parquet as pq
 
     try:
         with open_source(entry.path) as handle:
             groups = pq.ParquetFile(handle).metadata.num_row_groups
     except Exception:  # the task quarantines the file, with the reason
-        return [None]
-    return list(range(groups)) or [None]
+        return [(None, None, None, None)]
+    return [(group, None, None, None) for group in range(groups)] or [(None, None, None, None)]
 
 
-def _listing(spark: SparkSession, files: list[SourceFile], split: bool) -> DataFrame:
-    """One partition per file (or Parquet row group), so files are read in parallel, each by one task."""
-    columns = "path string, format string, bytes long, part int"
+def _listing(spark: SparkSession, files: list[SourceFile], parts: dict[str, list[tuple]] | None = None):
+    """One partition per file (or Parquet row group, or JSONL piece), so they are read in parallel."""
+    columns = "path string, format string, bytes long, part int, start long, end long, first long"
     rows = [
-        (entry.path, entry.format, entry.bytes, part)
+        (entry.path, entry.format, entry.bytes, *part)
         for entry in files
-        for part in (_parts(entry) if split else [None])
+        for part in (parts or {}).get(entry.path, [(None, None, None, None)])
     ]
     rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
     return spark.createDataFrame(rdd, columns)
 
 
-def checksums(listing: DataFrame) -> dict[str, dict]:
-    found = listing.select("path").mapInArrow(checksum_batches, spark_schema(CHECKSUM_SCHEMA)).collect()
-    return {row["path"]: {"bytes": row["bytes"], "sha256": row["sha256"]} for row in found}
+def checksums(listing: DataFrame, settings) -> dict[str, dict]:
+    found = listing.mapInArrow(
+        lambda batches: checksum_batches(batches, settings), spark_schema(CHECKSUM_SCHEMA)
+    ).collect()
+    return {
+        row["path"]: {"bytes": row["bytes"], "sha256": row["sha256"], "records_before": row["records_before"]}
+        for row in found
+    }
 
 
 def ingest_counters(rows: DataFrame) -> dict:
@@ -121,7 +132,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         spark = spark_session(config, f"ingest-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
-        sums = checksums(_listing(spark, files, split=False))
+        sums = checksums(_listing(spark, files), settings)
         for entry in previous or []:
             now = sums.get(entry["path"], {})
             if now.get("sha256") != entry["sha256"]:
@@ -130,16 +141,22 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                     f"snapshot was ingested (sha256 {entry['sha256']} then, {now.get('sha256')} now); "
                     "ingest it under a new snapshot"
                 )
+        parts = {
+            entry.path: _parts(entry, sums.get(entry.path, {}).get("records_before"), settings)
+            for entry in files
+        }
         sources = [
             {
                 "path": entry.path,
                 "format": entry.format,
-                **sums.get(entry.path, {"bytes": None, "sha256": None}),
+                "bytes": sums.get(entry.path, {}).get("bytes"),
+                "sha256": sums.get(entry.path, {}).get("sha256"),
+                "tasks": len(parts[entry.path]),  # row groups or JSONL pieces read in parallel
             }
             for entry in files
         ]
         unreadable = [entry["path"] for entry in sources if entry["sha256"] is None]
-        rows = _listing(spark, files, split=True).mapInArrow(
+        rows = _listing(spark, files, parts).mapInArrow(
             lambda batches: ingest_batches(batches, settings), spark_schema(INGESTED_SCHEMA)
         )
         rows = rows.cache()

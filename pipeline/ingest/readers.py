@@ -1,7 +1,7 @@
 """One source file in, one row per record out: a document, a quarantined record with its reason, or a
 skipped non-document record (WARC requests, metadata, warcinfo), counted but never written.
 
-Each reader streams its file (warcio record by record, JSONL line by line, Parquet batch by batch), so no
+Each reader streams its file (warcio record by record, JSONL line by line, Parquet and Arrow batch by batch), so no
 record is held longer than it takes to turn it into a row. A failing record never fails the file and a
 failing file never fails the task: both become quarantined rows (``ingest_batches``).
 """
@@ -13,6 +13,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -264,29 +265,117 @@ def _record(source, number, fmt, fields: dict[str, Any], nbytes: int, config: In
     )
 
 
+@dataclass(frozen=True)
+class ByteRange:
+    """A piece of an uncompressed JSONL file read by a task of its own: the records (lines) that start in
+    [start, end), the first of them being record number ``first`` of the file (counted in the checksum pass)."""
+
+    start: int
+    end: int
+    first: int
+
+
+def _jsonl_lines(
+    stream, limit: int, position: int = 0, end: int | None = None
+) -> Iterator[tuple[int, bytes, int, bool]]:
+    """(offset, line, bytes, oversized) for each non-blank line that starts before ``end``, the stream
+    being at ``position``: a line over ``limit`` bytes is skipped in pieces, never held whole (its first
+    piece is returned). The one definition of a JSONL record, shared by the reader and by the checksum
+    pass that numbers a split file's pieces."""
+    while (end is None or position < end) and (line := stream.readline(limit + 1)):
+        offset, nbytes = position, len(line)
+        if nbytes > limit and not line.endswith(b"\n"):
+            while (rest := stream.readline(limit + 1)) and not rest.endswith(b"\n"):
+                nbytes += len(rest)
+            nbytes += len(rest)
+            position += nbytes
+            yield offset, line, nbytes, True
+            continue
+        position += nbytes
+        if line.strip():  # blank lines are not records
+            yield offset, line, nbytes, False
+
+
+def _seek_to_line(stream, start: int, limit: int) -> None:
+    """Put ``stream`` at the first line that starts at or after ``start`` (the one before is the previous
+    piece's)."""
+    if start == 0:
+        stream.seek(0)
+        return
+    stream.seek(start - 1)
+    if stream.read(1) != b"\n":
+        while (piece := stream.readline(limit + 1)) and not piece.endswith(b"\n"):
+            pass
+
+
 def read_jsonl(
-    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+    source: str, fmt: str, size: int, config: IngestConfig, part: ByteRange | None = None
 ) -> Iterator[dict[str, Any]]:
+    """A JSONL file (gzipped or not), or the ``part`` of an uncompressed one; records numbered in the file."""
     limit = config.max_record_bytes
     with open_source(source) as raw:
         stream = gzip.GzipFile(fileobj=raw) if source.lower().endswith(".gz") else raw
-        number = -1
+        number = -1 if part is None else part.first - 1
         try:
-            while line := stream.readline(limit + 1):
+            lines = _jsonl_lines(stream, limit)
+            if part is not None:
+                _seek_to_line(stream, part.start, limit)
+                lines = _jsonl_lines(stream, limit, stream.tell(), part.end)
+            for _, line, nbytes, oversized in lines:
                 number += 1
-                nbytes = len(line)
-                if nbytes > limit and not line.endswith(b"\n"):
-                    while (rest := stream.readline(limit + 1)) and not rest.endswith(b"\n"):
-                        nbytes += len(rest)  # skipped in pieces: a huge line is never held whole
-                    nbytes += len(rest)
+                if oversized:
                     yield _quarantined(source, number, fmt, f"too_large: {nbytes} bytes > {limit}", nbytes)
-                    continue
-                if not line.strip():
-                    number -= 1  # blank lines are not records
-                    continue
-                yield _jsonl_row(line, source, number, fmt, config)
+                else:
+                    yield _jsonl_row(line, source, number, fmt, config)
         except Exception as exc:
             yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+def splittable(source: str, fmt: str, size: int, config: IngestConfig) -> bool:
+    """Uncompressed JSONL over ``ingest.split_bytes`` is read in pieces; gzip streams cannot be entered
+    in the middle, and a WARC record's end is only found by reading it."""
+    return fmt == "jsonl" and not source.lower().endswith(".gz") and 0 < config.split_bytes < size
+
+
+def byte_ranges(size: int, config: IngestConfig, records_before: list[int]) -> list[ByteRange]:
+    """The pieces of a splittable file; ``records_before[k]``: records starting before piece k + 1."""
+    step = config.split_bytes
+    starts = list(range(0, size, step))
+    firsts = [0, *records_before]
+    return [
+        ByteRange(start, min(start + step, size), first) for start, first in zip(starts, firsts, strict=True)
+    ]
+
+
+class _HashingStream:
+    """A binary stream that feeds every byte read into a sha256, so one pass checksums and counts."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.digest, self.size = stream, hashlib.sha256(), 0
+
+    def readline(self, *args) -> bytes:
+        data = self.stream.readline(*args)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def read(self, *args) -> bytes:
+        data = self.stream.read(*args)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+
+def _records_before(stream: _HashingStream, size: int, config: IngestConfig) -> list[int]:
+    """For each piece boundary of a splittable file, how many records start before it."""
+    boundaries = list(range(config.split_bytes, size, config.split_bytes))
+    counts: list[int] = []
+    records = 0
+    for offset, *_ in _jsonl_lines(stream, config.max_record_bytes):
+        while len(counts) < len(boundaries) and boundaries[len(counts)] <= offset:
+            counts.append(records)
+        records += 1
+    return counts + [records] * (len(boundaries) - len(counts))
 
 
 def _jsonl_row(line: bytes, source: str, number: int, fmt: str, config: IngestConfig) -> dict[str, Any]:
@@ -323,60 +412,125 @@ def read_parquet(
         first = sum(metadata.row_group(index).num_rows for index in range(groups[0] if groups else 0))
         names = parquet.schema_arrow.names
         if config.text_column not in names:
-            reason = f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
+            reason = _no_text_column(config, names)
             rows = sum(metadata.row_group(index).num_rows for index in groups)
             for number in range(first, first + rows):
                 yield _quarantined(source, number, fmt, reason)
             return
-        wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
-        columns = [name for name in dict.fromkeys(wanted) if name in names]
-        number = first - 1
+        columns = _wanted_columns(config, names)
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns)
+        yield from _batch_rows(source, fmt, batches, first, config)
+
+
+def read_arrow(
+    source: str, fmt: str, size: int, config: IngestConfig, part: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """An Arrow IPC file as Hugging Face's ``Dataset.save_to_disk`` writes its shards (the stream format;
+    the random-access file format is read too), record batch by record batch."""
+    with open_source(source) as handle:
         try:
-            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns):
-                text_column = batch.column(config.text_column)
-                if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
-                    raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
-                else:
-                    raw_texts = text_column.to_pylist()
-                others = {
-                    name: batch.column(name).to_pylist() for name in columns if name != config.text_column
-                }
-                for row, raw in enumerate(raw_texts):
-                    number += 1
-                    nbytes = len(raw) if isinstance(raw, bytes) else None
-                    if isinstance(raw, bytes):
-                        if nbytes > config.max_record_bytes:
-                            reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
-                            yield _quarantined(source, number, fmt, reason, nbytes)
-                            continue
-                        try:
-                            raw = raw.decode("utf-8")
-                        except UnicodeDecodeError as exc:
-                            yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
-                            continue
-                    fields = {name: values[row] for name, values in others.items()}
-                    fields[config.text_column] = raw
-                    try:
-                        yield _record(source, number, fmt, fields, nbytes or 0, config)
-                    except Exception as exc:
-                        yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
+            try:
+                stream = pa.ipc.open_stream(handle)
+                names, batches = stream.schema.names, iter(stream)
+            except pa.ArrowInvalid:  # not a stream: the file format starts with its own magic bytes
+                handle.seek(0)
+                reader = pa.ipc.open_file(handle)
+                names = reader.schema.names
+                batches = (reader.get_batch(index) for index in range(reader.num_record_batches))
         except Exception as exc:
-            yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+            yield _quarantined(source, 0, fmt, _file_failure(exc))
+            return
+        if config.text_column not in names:
+            batches = (batch.select([]) for batch in batches)  # read only to number the records
+            yield from _batch_rows(source, fmt, batches, 0, config, _no_text_column(config, names))
+            return
+        columns = _wanted_columns(config, names)
+        yield from _batch_rows(source, fmt, (batch.select(columns) for batch in batches), 0, config)
 
 
-READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": read_parquet}
+def _no_text_column(config: IngestConfig, names: list[str]) -> str:
+    return f"missing_text_column: {config.text_column} (columns: {', '.join(names)[:200]})"
+
+
+def _wanted_columns(config: IngestConfig, names: list[str]) -> list[str]:
+    wanted = [config.text_column, config.url_column, config.id_column, *config.metadata_columns]
+    return [name for name in dict.fromkeys(wanted) if name in names]
+
+
+def _batch_rows(
+    source: str,
+    fmt: str,
+    batches: Iterator[pa.RecordBatch],
+    first: int,
+    config: IngestConfig,
+    missing: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Rows of a columnar file's record batches (Parquet, Arrow), numbered from ``first``: texts are read
+    as bytes, so invalid UTF-8 and oversized texts are quarantined one by one, not for the whole batch.
+    ``missing``: the file has no text column; every record is quarantined with that reason."""
+    number = first - 1
+    try:
+        for batch in batches:
+            if missing is not None:
+                for _ in range(batch.num_rows):
+                    number += 1
+                    yield _quarantined(source, number, fmt, missing)
+                continue
+            text_column = batch.column(config.text_column)
+            if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
+                raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
+            else:
+                raw_texts = text_column.to_pylist()
+            others = {
+                name: batch.column(name).to_pylist()
+                for name in batch.schema.names
+                if name != config.text_column
+            }
+            for row, raw in enumerate(raw_texts):
+                number += 1
+                nbytes = len(raw) if isinstance(raw, bytes) else None
+                if isinstance(raw, bytes):
+                    if nbytes > config.max_record_bytes:
+                        reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
+                        yield _quarantined(source, number, fmt, reason, nbytes)
+                        continue
+                    try:
+                        raw = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
+                        continue
+                fields = {name: values[row] for name, values in others.items()}
+                fields[config.text_column] = raw
+                try:
+                    yield _record(source, number, fmt, fields, nbytes or 0, config)
+                except Exception as exc:
+                    yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
+    except Exception as exc:
+        yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+READERS = {
+    "warc": read_warc,
+    "wet": read_warc,
+    "jsonl": read_jsonl,
+    "parquet": read_parquet,
+    "arrow": read_arrow,
+}
 
 
 def ingest_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: (path, format, bytes, part) rows in, the records of each file (or of its row
-    group ``part``) out, BATCH_ROWS at a time."""
+    """mapInArrow body: (path, format, bytes, part, start, end, first) rows in, the records of each file
+    (or of its row group ``part``, or of its byte range ``start``-``end``) out, BATCH_ROWS at a time."""
     for batch in batches:
         for listed in batch.to_pylist():
             rows: list[dict[str, Any]] = []
             source, fmt = listed["path"], listed["format"]
-            emitted = 0
+            part = listed["part"]
+            if listed["start"] is not None:
+                part = ByteRange(listed["start"], listed["end"], listed["first"])
+            emitted = 0 if listed["first"] is None else listed["first"]
             try:
-                for row in READERS[fmt](source, fmt, listed["bytes"], config, listed["part"]):
+                for row in READERS[fmt](source, fmt, listed["bytes"], config, part):
                     rows.append(row)
                     emitted += 1
                     if len(rows) >= BATCH_ROWS:
@@ -388,24 +542,37 @@ def ingest_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> I
                 yield pa.RecordBatch.from_pylist(rows, schema=INGESTED_SCHEMA)
 
 
-def checksum_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: each listed file's size and sha256, read in chunks (an unreadable file: nulls)."""
+def checksum_batches(batches: Iterator[pa.RecordBatch], config: IngestConfig) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: each listed file's size and sha256, read in chunks (an unreadable file: nulls);
+    for a splittable JSONL file, read line by line, also how many records start before each piece."""
     for batch in batches:
-        out: dict[str, list] = {"path": [], "bytes": [], "sha256": []}
-        for path in batch.column("path").to_pylist():
-            digest, size = hashlib.sha256(), 0
+        out: dict[str, list] = {"path": [], "bytes": [], "sha256": [], "records_before": []}
+        for listed in batch.to_pylist():
+            path = listed["path"]
             try:
                 with open_source(path) as handle:
-                    while chunk := handle.read(1 << 20):
-                        digest.update(chunk)
-                        size += len(chunk)
-                out["bytes"].append(size)
-                out["sha256"].append(digest.hexdigest())
+                    stream = _HashingStream(handle)
+                    counts = None
+                    if splittable(path, listed["format"], listed["bytes"], config):
+                        counts = _records_before(stream, listed["bytes"], config)
+                    while stream.read(1 << 20):
+                        pass
+                out["bytes"].append(stream.size)
+                out["sha256"].append(stream.digest.hexdigest())
+                out["records_before"].append(counts)
             except OSError:
                 out["bytes"].append(None)
                 out["sha256"].append(None)
+                out["records_before"].append(None)
             out["path"].append(path)
         yield pa.RecordBatch.from_pydict(out, schema=CHECKSUM_SCHEMA)
 
 
-CHECKSUM_SCHEMA = pa.schema([("path", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())])
+CHECKSUM_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("bytes", pa.int64()),
+        ("sha256", pa.string()),
+        ("records_before", pa.list_(pa.int64())),
+    ]
+)

@@ -26,13 +26,18 @@ SUFFIXES = (
     (".json.gz", "jsonl"),
     (".json", "jsonl"),
     (".parquet", "parquet"),
+    (".arrow", "arrow"),  # a Hugging Face dataset's save_to_disk shards (Arrow IPC streams)
 )
+# The JSON files Hugging Face's save_to_disk writes beside its .arrow shards (and above a DatasetDict's
+# split folders): metadata, not JSON Lines records.
+HF_DATASET_MARKERS = ("state.json", "dataset_dict.json")
+HF_DATASET_METADATA = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: str  # absolute local path, or a URI pyarrow opens
-    format: str  # warc | wet | jsonl | parquet
+    format: str  # warc | wet | jsonl | parquet | arrow
     bytes: int
 
 
@@ -65,6 +70,11 @@ def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
 
 
+def _hf_metadata(name: str, siblings: set[str]) -> bool:
+    """A save_to_disk folder's own JSON files (its folder holds state.json or dataset_dict.json)."""
+    return name in HF_DATASET_METADATA and any(marker in siblings for marker in HF_DATASET_MARKERS)
+
+
 def list_sources(patterns: Iterable[str], fmt: str = "auto") -> list[SourceFile]:
     """Every file the patterns name, sorted and once each; a pattern that names nothing is a config error."""
     found: dict[str, SourceFile] = {}
@@ -82,11 +92,17 @@ def _list_local(pattern: str, fmt: str) -> list[SourceFile]:
     for match in sorted(glob.glob(os.path.expanduser(pattern), recursive=True)):
         path = Path(match).resolve()
         if path.is_dir():
+            names_by_folder: dict[Path, set[str]] = {}
             for child in sorted(path.rglob("*")):
-                if child.is_file() and not _hidden(child.name):
-                    entry = _listed(str(child), child.stat().st_size, fmt, explicit=False)
-                    if entry is not None:
-                        files.append(entry)
+                if not child.is_file() or _hidden(child.name):
+                    continue
+                if child.parent not in names_by_folder:
+                    names_by_folder[child.parent] = {sibling.name for sibling in child.parent.iterdir()}
+                if _hf_metadata(child.name, names_by_folder[child.parent]):
+                    continue
+                entry = _listed(str(child), child.stat().st_size, fmt, explicit=False)
+                if entry is not None:
+                    files.append(entry)
         elif path.is_file():
             entry = _listed(str(path), path.stat().st_size, fmt, explicit=True)
             files.append(entry)
@@ -103,9 +119,18 @@ def _list_uri(uri: str, fmt: str) -> list[SourceFile]:
         return [_listed(uri, info.size, fmt, explicit=True)]
     if info.type != pafs.FileType.Directory:
         return []
+    children = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    names_by_folder: dict[str, set[str]] = {}
+    for child in children:
+        names_by_folder.setdefault(child.path.rsplit("/", 1)[0], set()).add(child.base_name)
     files = []
-    for child in filesystem.get_file_info(pafs.FileSelector(path, recursive=True)):
-        if child.type == pafs.FileType.File and not _hidden(child.base_name):
+    for child in children:
+        siblings = names_by_folder[child.path.rsplit("/", 1)[0]]
+        if (
+            child.type == pafs.FileType.File
+            and not _hidden(child.base_name)
+            and not _hf_metadata(child.base_name, siblings)
+        ):
             entry = _listed(f"{scheme}://{child.path}", child.size, fmt, explicit=False)
             if entry is not None:
                 files.append(entry)

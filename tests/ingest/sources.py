@@ -169,11 +169,9 @@ def write_parquet(folder: Path) -> dict:
         {"doc_id": "broken", "text": "placeholder", "url": None, "lang_hint": None},
     ]
     table = pa.Table.from_pylist(rows)
-    texts = [value.encode() if value is not None else None for value in table.column("text").to_pylist()]
+    texts = table.column("text").to_pylist()
     texts[3] = b"stray \xff byte"
-    binary = pa.array(texts, pa.binary())
-    invalid = pa.Array.from_buffers(pa.string(), len(texts), binary.buffers())  # no UTF-8 validation
-    table = table.set_column(table.schema.get_field_index("text"), "text", invalid)
+    table = table.set_column(table.schema.get_field_index("text"), "text", _strings(texts))
     pq.write_table(table, folder / "with_ids.parquet", row_group_size=2)  # two row groups: two tasks
     pq.write_table(pa.table({"text": [text(12)], "lang_hint": ["en"]}), folder / "no_ids.parquet")
     pq.write_table(pa.table({"body": ["a", "b"]}), folder / "no_text_column.parquet")
@@ -187,6 +185,75 @@ def write_parquet(folder: Path) -> dict:
     }
 
 
+def mixed(first: int, second: int) -> str:
+    """The first half of one article's paragraphs and the second half of another's: prose the other
+    formats do not hold, so dedup keeps it."""
+    head, tail = text(first).split("\n"), text(second).split("\n")
+    return "\n".join(head[: len(head) // 2] + tail[len(tail) // 2 :])
+
+
+def _strings(values: list[str | bytes | None]) -> pa.Array:
+    """A string array holding exactly these bytes, invalid UTF-8 included (no validation)."""
+    binary = pa.array([v.encode() if isinstance(v, str) else v for v in values], pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(values), binary.buffers())
+
+
+def _hf_split(folder: Path, shards: list[pa.Table], split: str, rows_per_batch: int = 2) -> list[Path]:
+    """One split as ``datasets.Dataset.save_to_disk`` lays it out: data-0000i-of-0000n.arrow shards (Arrow
+    IPC streams, the features in the schema's "huggingface" metadata), dataset_info.json and state.json."""
+    folder.mkdir(parents=True)
+    paths = []
+    for index, shard in enumerate(shards):
+        features = {name: {"dtype": "string", "_type": "Value"} for name in shard.schema.names}
+        schema = shard.schema.with_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+        path = folder / f"data-{index:05d}-of-{len(shards):05d}.arrow"
+        with pa.ipc.new_stream(path, schema) as writer:
+            writer.write_table(shard.replace_schema_metadata(schema.metadata), max_chunksize=rows_per_batch)
+        paths.append(path)
+    info = {"citation": "", "description": "", "features": features}
+    (folder / "dataset_info.json").write_text(json.dumps(info))
+    state = {
+        "_data_files": [{"filename": path.name} for path in paths],
+        "_fingerprint": f"test-{split}",
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": split,
+    }
+    (folder / "state.json").write_text(json.dumps(state, indent=2))
+    return paths
+
+
+def write_hf_dataset(folder: Path) -> dict:
+    """A DatasetDict saved to disk (train: two shards with hostile rows; test: a shard cut inside its second
+    record batch; validation: no text column), and a standalone Arrow file in the random-access format."""
+    root = folder / "hf_dataset"
+    train = pa.table(
+        {
+            "doc_id": ["hf-1", None, "null-text", "huge", "broken"],
+            "text": _strings([mixed(0, 1), mixed(2, 3), None, HUGE, b"stray \xff byte"]),
+            "url": [None, "https://hf.example.org/mixed-2-3", None, None, None],
+            "lang_hint": ["en", "en", None, None, None],
+        }
+    )
+    second = pa.table({"doc_id": ["hf-4"], "text": [mixed(4, 5)], "url": [None], "lang_hint": ["en"]})
+    _hf_split(root / "train", [train, second], "train")
+    test = pa.table({"doc_id": ["hf-6", "hf-8"], "text": [mixed(6, 7), mixed(8, 9)]})
+    (cut,) = _hf_split(root / "test", [test], "test", rows_per_batch=1)
+    cut.write_bytes(cut.read_bytes()[:-300])  # inside the second batch: the first stands
+    _hf_split(root / "validation", [pa.table({"body": ["a", "b"]})], "validation")
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test", "validation"]}))
+    standalone = pa.table({"doc_id": ["hf-10"], "text": [mixed(10, 11)]})
+    with pa.ipc.new_file(folder / "table.arrow", standalone.schema) as writer:
+        writer.write_table(standalone)
+    return {
+        "documents": {"hf-1", "https://hf.example.org/mixed-2-3", "hf-4", "hf-6", "hf-10"},
+        "records": 5 + 1 + 2 + 2 + 1,  # the cut shard: its first record and the cut
+        "excluded": {"missing_text_column", "too_large", "invalid_utf8", "unreadable_file"},
+    }
+
+
 def write_all(folder: Path) -> dict[str, dict]:
     folder.mkdir(parents=True, exist_ok=True)
     return {
@@ -194,6 +261,7 @@ def write_all(folder: Path) -> dict[str, dict]:
         "wet": write_wet(folder),
         "jsonl": write_jsonl(folder),
         "parquet": write_parquet(folder),
+        "arrow": write_hf_dataset(folder),
     }
 
 

@@ -16,6 +16,7 @@ from pipeline.core.manifest import sha256_file
 from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.dedup import job as dedup_job
 from pipeline.ingest import job as ingest_job
+from pipeline.ingest.sources import HF_DATASET_METADATA
 from pipeline.tokenization import job as tokenize_job
 from tests.conftest import make_config
 from tests.ingest.sources import MAX_RECORD_BYTES, write_all
@@ -86,13 +87,14 @@ def test_hostile_records_are_quarantined_with_reasons_and_the_counts_add_up(pipe
             assert part["records"] == expected[fmt]["records"], fmt
     assert all(row["drop_reason"] and row["id"] for row in excluded)
     assert counters["skipped"]["warc.request"] == counters["skipped"]["warc.metadata"] + 1  # the cut one
-    assert counters["source_files"] == len(manifest.extra["sources"]) == 9
+    assert counters["source_files"] == len(manifest.extra["sources"]) == 14
 
 
 def test_the_manifest_names_every_source_file_with_size_and_checksum(pipeline_run):
     _, sources, _, ref = pipeline_run
     listed = {entry["path"]: entry for entry in ref("ingest").manifest().extra["sources"]}
-    assert set(listed) == {str(path) for path in sources.iterdir()}
+    files = {path for path in sources.rglob("*") if path.is_file()}
+    assert set(listed) == {str(path) for path in files if path.name not in HF_DATASET_METADATA}
     for path, entry in listed.items():
         assert entry["sha256"] == sha256_file(path) and entry["bytes"] == Path(path).stat().st_size
 
@@ -107,6 +109,24 @@ def test_every_source_type_reaches_the_token_shards(pipeline_run):
     assert {formats[doc_id] for doc_id in kept} == set(expected), clean.counters["dropped"]
     tokens = ref("tokenize").manifest().rows
     assert tokens["train_documents"] + tokens["validation_documents"] == len(kept)
+
+
+def test_a_jsonl_file_split_across_tasks_gives_the_same_bytes(pipeline_run):
+    """ingest.split_bytes: the uncompressed JSONL file is read by one task per 97-byte piece, with the
+    same records, numbers and output bytes as one task per file."""
+    config, sources, _, ref = pipeline_run
+    listed = json.dumps([str(sources / "*.gz"), str(sources)])
+    split = make_config(config.project.data_root, *overrides(config.project.data_root)[1:],
+                        f"ingest.sources={listed}", "ingest.split_bytes=97")  # fmt: skip
+    manifest = ingest_job.run(split, [], DatasetRef.of(split, "ingest", "split"))
+    tasks = {Path(entry["path"]).name: entry["tasks"] for entry in manifest.extra["sources"]}
+    jsonl = sources / "with_ids.jsonl"
+    assert tasks["with_ids.jsonl"] == -(-jsonl.stat().st_size // 97) > 1
+    assert tasks["no_ids.jsonl.gz"] == 1  # a gzip stream is not split
+    assert manifest.counters == ref("ingest").manifest().counters
+    assert {k: v.sha256 for k, v in manifest.files.items()} == {
+        k: v.sha256 for k, v in ref("ingest").manifest().files.items()
+    }
 
 
 def test_a_rerun_without_sources_re_reads_the_same_files_into_the_same_bytes(pipeline_run):

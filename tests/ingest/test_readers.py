@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pyarrow as pa
 import pytest
 
 from pipeline.core.config import ConfigError
+from pipeline.core.manifest import sha256_file
 from pipeline.ingest.config import IngestConfig
-from pipeline.ingest.readers import READERS, SKIPPED, text_id, url_id
+from pipeline.ingest.readers import READERS, SKIPPED, byte_ranges, checksum_batches, text_id, url_id
 from pipeline.ingest.sources import format_of, list_sources
-from tests.ingest.sources import MAX_RECORD_BYTES, text, url, write_all
+from tests.ingest.sources import ARTICLES, MAX_RECORD_BYTES, text, url, write_all
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,22 @@ def expected_ids(expected: dict) -> set[str]:
 
 def test_the_listing_expands_folders_and_tells_formats_by_extension(written, tmp_path):
     folder, _ = written
-    formats = {source.format for source in list_sources([str(folder)])}
-    assert formats == {"warc", "wet", "jsonl", "parquet"}
+    listed = list_sources([str(folder)])
+    assert {source.format for source in listed} == {"warc", "wet", "jsonl", "parquet", "arrow"}
+    # A save_to_disk folder: its shards in order, its state.json / dataset_info.json / dataset_dict.json
+    # are metadata, not JSON Lines.
+    hf = [
+        Path(source.path).relative_to(folder / "hf_dataset")
+        for source in listed
+        if "hf_dataset" in source.path
+    ]
+    assert [str(path) for path in hf] == [
+        "test/data-00000-of-00001.arrow",
+        "train/data-00000-of-00002.arrow",
+        "train/data-00001-of-00002.arrow",
+        "validation/data-00000-of-00001.arrow",
+    ]
+    assert format_of("data-00000-of-00001.arrow") == "arrow"
     assert format_of("CC-MAIN-2026-00001.warc.wet.gz") == "wet"
     assert format_of("CC-MAIN-2026-00001.warc.gz") == "warc"
     assert format_of("part.jsonl.gz") == "jsonl" and format_of("x.txt") is None
@@ -65,7 +84,7 @@ def test_the_listing_expands_folders_and_tells_formats_by_extension(written, tmp
         list_sources([str(tmp_path / "notes.txt")])
 
 
-@pytest.mark.parametrize("fmt", ["warc", "wet", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["warc", "wet", "jsonl", "parquet", "arrow"])
 def test_each_format_gives_its_documents_and_quarantines_hostile_records(written, fmt):
     folder, expected = written
     rows = read(folder, fmt)
@@ -103,3 +122,29 @@ def test_a_parquet_row_group_is_read_alone_and_numbered_within_its_file(written)
     whole = list(READERS["parquet"](path, "parquet", 0, config))
     parts = [row for group in (0, 1) for row in READERS["parquet"](path, "parquet", 0, config, group)]
     assert parts == whole and [row["source_record"] for row in parts] == [0, 1, 2, 3]
+
+
+def test_a_large_jsonl_file_read_in_pieces_gives_the_whole_files_records(tmp_path):
+    """Pieces of any size, boundaries inside lines, blank lines and an oversized line included: the
+    checksum pass numbers the pieces, and their records together are the whole file's, in order."""
+    lines = [
+        json.dumps({"doc_id": f"d{i}", "text": text(i % len(ARTICLES))[: 40 + 7 * i]}) for i in range(12)
+    ]
+    lines[3:3] = ["", "   "]
+    lines[7] = json.dumps({"doc_id": "huge", "text": "y" * 300})  # over the cap below: skipped in pieces
+    lines[9] = "{not json"
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines))  # no newline after the last line
+    size = path.stat().st_size
+    whole_config = IngestConfig(id_column="doc_id", max_record_bytes=200, split_bytes=0)
+    whole = list(READERS["jsonl"](str(path), "jsonl", size, whole_config))
+    assert len(whole) == 12 and reasons(whole) == {"too_large", "invalid_json"}
+    for split_bytes in (1, 2, 5, 64, 97, 250, size - 1):
+        config = whole_config.model_copy(update={"split_bytes": split_bytes})
+        listed = pa.RecordBatch.from_pylist([{"path": str(path), "format": "jsonl", "bytes": size}])
+        (checked,) = checksum_batches(iter([listed]), config)
+        assert checked.column("sha256")[0].as_py() == sha256_file(path)
+        pieces = byte_ranges(size, config, checked.column("records_before")[0].as_py())
+        assert len(pieces) == -(-size // split_bytes)
+        rows = [row for piece in pieces for row in READERS["jsonl"](str(path), "jsonl", size, config, piece)]
+        assert rows == whole, split_bytes
