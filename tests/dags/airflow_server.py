@@ -77,15 +77,24 @@ class LocalAirflow:
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
-    def airflow(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """Run an `airflow` CLI command against this instance's database."""
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "airflow"), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    def airflow(self, *args: str, check: bool = True, attempts: int = 5) -> subprocess.CompletedProcess:
+        """Run an `airflow` CLI command against this instance's database.
+
+        Even in WAL mode SQLite refuses at once (no busy wait) a transaction that read and then writes when
+        another connection committed in between (SQLITE_BUSY_SNAPSHOT, "database is locked"): the scheduler
+        commits every half second. The command's transaction is rolled back then, so it is run again, up to
+        ``attempts`` times. A server database (Postgres) has no such case.
+        """
+        for _ in range(attempts):
+            done = subprocess.run(
+                [str(Path(sys.executable).parent / "airflow"), *args],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if done.returncode == 0 or "database is locked" not in done.stderr:
+                break
         if check and done.returncode != 0:
             raise RuntimeError(f"airflow {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
         return done
