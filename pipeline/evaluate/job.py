@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
@@ -36,6 +37,7 @@ from pipeline.data.loader import IGNORE_INDEX, TokenStream
 from pipeline.export.trained import TrainedRun
 from pipeline.tokenization.job import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX
 from pipeline.tokenization.shards import shard_prefixes
+from pipeline.tracking.samples import generations
 
 log = logging.getLogger(__name__)
 STAGE = "evaluate"
@@ -152,25 +154,7 @@ def plot_groups(groups: dict[str, dict], title: str, path: Path) -> None:
     plt.close(figure)
 
 
-def generations(trained: TrainedRun, model, prompts: list[str], max_new_tokens: int) -> list[dict]:
-    from tokenizers import Tokenizer
-
-    from pipeline.tracking.samples import greedy_generate
-
-    tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
-    tokenizer.encode_special_tokens = True
-    eos = trained.special_tokens().eos_id
-    results = []
-    for prompt in prompts:
-        ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [eos]
-        new = greedy_generate(model, ids, max_new_tokens, eos)
-        results.append({"prompt": prompt, "completion": tokenizer.decode(new), "generated_ids": new})
-    return results
-
-
 def held_out_texts(trained: TrainedRun, stream: TokenStream, documents: int) -> list[str]:
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
     texts = []
     for index in range(documents):
@@ -243,7 +227,13 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 metrics["lm_eval"] = {
                     key: found[key] for key in ("task", "version", "items", "choices", "acc", "acc_norm")
                 }
-        samples = generations(trained, model, settings.prompts, settings.max_new_tokens)
+        samples = generations(
+            model,
+            Tokenizer.from_file(str(trained.tokenizer_file)),
+            settings.prompts,
+            settings.max_new_tokens,
+            trained.special_tokens().eos_id,
+        )
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
         (out.path / "generations.json").write_text(json.dumps(samples, indent=2, ensure_ascii=False) + "\n")
         overall = metrics["overall"] or {}

@@ -35,16 +35,10 @@ def greedy_generate(
     return new[: new.index(stop_id)] if stop_id in new else new
 
 
-def sample_generations(
-    checkpoint: Path, tokenizer_file: Path, prompts: list[str], max_new_tokens: int, eos_token: str
-) -> list[dict[str, Any]]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    from pipeline.train.pipeline_parallel import whole_model_checkpoint
-
-    model = load_model(whole_model_checkpoint(checkpoint))
-    stop_id = tokenizer.token_to_id(eos_token)
+def generations(
+    model: GPT, tokenizer, prompts: list[str], max_new_tokens: int, stop_id: int | None
+) -> list[dict]:
+    """Each prompt's greedy continuation (ids and text), cut at ``stop_id``; an empty prompt starts from it."""
     samples = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt).ids or ([stop_id] if stop_id is not None else [0])
@@ -58,6 +52,18 @@ def sample_generations(
             }
         )
     return samples
+
+
+def sample_generations(
+    checkpoint: Path, tokenizer_file: Path, prompts: list[str], max_new_tokens: int, eos_token: str
+) -> list[dict[str, Any]]:
+    from tokenizers import Tokenizer
+
+    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    model = load_model(whole_model_checkpoint(checkpoint))
+    return generations(model, tokenizer, prompts, max_new_tokens, tokenizer.token_to_id(eos_token))
 
 
 def format_samples(samples: list[dict[str, Any]]) -> str:
