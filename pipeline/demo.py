@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  loss           {train.extra['first_loss']:.3f} -> {train.extra['final_loss']:.3f} (val {train.extra['val_loss']})"
     )
+    run = manifest.extra.get("train_run")
+    export = DatasetRef.of(config, "export", args.snapshot, run=run)
+    print(
+        f"  exported model {export.path}  ({export.manifest().extra['architecture']}, from_pretrained loads it)"
+    )
+    print(f"  sample         .venv/bin/pretrain generate --snapshot {args.snapshot} --prompt 'In the garden'")
     print(f"  MLflow run     {manifest.extra['mlflow_run_id']}  ({manifest.extra['tracking_uri']})")
     print(f"  browse it      .venv/bin/mlflow ui --backend-store-uri {manifest.extra['tracking_uri']}")
     return 0
