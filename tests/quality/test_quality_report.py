@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.storage import DatasetRef
+from pipeline.embeddings import EncoderConfig, embed_batches
 from pipeline.quality.report import (
     cluster_entropy,
     cosine_statistics,
     domain_concentration,
-    embed_batches,
     run,
 )
 
@@ -66,7 +66,9 @@ def test_embeddings_rank_repetitive_text_as_less_diverse():
         batch = pa.RecordBatch.from_pydict(
             {"id": [str(i) for i in range(len(texts))], "domain": ["d"] * len(texts), "text": texts}
         )
-        (out,) = embed_batches(iter([batch]), max_seq_length=64, batch_size=8)
+        (out,) = embed_batches(
+            iter([batch]), EncoderConfig(max_seq_length=64, batch_size=8), keep=("id", "domain")
+        )
         return np.array(out.column("embedding").to_pylist())
 
     varied_vectors, repetitive_vectors = embed(varied), embed(repetitive)
