@@ -49,6 +49,8 @@ class Stage:
     # One output per training run, <stage>/<snapshot>/<run>/ with a `latest` pointer, named by train.run_id;
     # so a second training of a snapshot (and its report) never replaces the first.
     per_run: bool = False
+    # Files and folders of its output that its MLflow run keeps as artifacts, beside the manifest.
+    artifacts: tuple[str, ...] = ()
 
     @property
     def entrypoint(self) -> str:
@@ -112,6 +114,7 @@ STAGES: tuple[Stage, ...] = (
         help="data-quality report on the finished documents: report.html, metrics.json, plots",
         sections={"quality": QualityConfig},
         report=True,
+        artifacts=("report.html", "metrics.json", "plots"),
     ),
     Stage(
         name="tokenize",

@@ -27,6 +27,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import DatasetRef, local_path
+from pipeline.stages import BY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,8 @@ def manifest_dataset(manifest: Manifest, location: str | Path | None = None):
 
 
 def manifest_metrics(manifest: Manifest) -> dict[str, float]:
-    """Numeric rows, counters (flattened), bytes and duration of a manifest, as metric key -> value."""
+    """Numeric rows, counters and ``extra["metrics"]`` (flattened), bytes and duration of a manifest, as
+    metric key -> value."""
     metrics: dict[str, float] = {"bytes": float(manifest.bytes), "duration_s": float(manifest.duration_s)}
 
     def walk(prefix: str, value: Any) -> None:
@@ -248,6 +250,7 @@ def manifest_metrics(manifest: Manifest) -> dict[str, float]:
 
     walk("rows", manifest.rows)
     walk("counters", manifest.counters)
+    walk("metrics", manifest.extra.get("metrics", {}))
     return metrics
 
 
@@ -427,13 +430,21 @@ class TrackedRun:
         if inputs:
             self.client.log_inputs(self.run_id, datasets=inputs)
 
-    def log_output(self, manifest: Manifest) -> None:
-        """A stage's published output: dataset (context ``output``), counts as metrics, manifest.json."""
+    def log_output(self, manifest: Manifest, artifacts: Iterable[str] = ()) -> None:
+        """A stage's published output: dataset (context ``output``), counts as metrics, manifest.json, and
+        the output's ``artifacts`` (paths inside it, under ``<stage>/``)."""
         self.log_datasets([(manifest, manifest.path)], context="output")
         self.set_tags({TAG_OUTPUT_DIGEST: manifest.digest, TAG_OUTPUT_PATH: manifest.path})
         self.log_metrics(manifest_metrics(manifest), step=0)
         self.flush()
         self.log_artifact(Path(manifest.path) / MANIFEST_NAME, f"manifests/{manifest.stage}")
+        for name in artifacts:
+            path = Path(manifest.path) / name
+            if path.exists():
+                folder = (
+                    str(Path(manifest.stage, name).parent) if path.is_file() else f"{manifest.stage}/{name}"
+                )
+                self.log_artifact(path, folder)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -539,7 +550,7 @@ class StageTracking:
         if self.run is None:
             return
         try:
-            self.run.log_output(manifest)
+            self.run.log_output(manifest, BY_NAME[self.stage].artifacts if self.stage in BY_NAME else ())
         except Exception as exc:
             self._failed("logging the output manifest", exc)
 

@@ -172,6 +172,34 @@ def test_outside_airflow_stages_of_a_snapshot_share_a_parent(argv, mlflow_store,
     assert not any(key.startswith("airflow.") for c in children for key in c.data.tags)
 
 
+def publish_report(config, inputs, output):
+    """A report-like stage body: a page, plots and figures in ``extra["metrics"]``."""
+    with StageOutput(output, config, inputs) as out:
+        (out.path / "report.html").write_text("<html></html>")
+        (out.path / "metrics.json").write_text("{}")
+        (out.path / "plots").mkdir()
+        (out.path / "plots" / "trend.png").write_bytes(b"png")
+        (out.path / "not-an-artifact.bin").write_bytes(b"x")
+        return out.commit(
+            rows={"documents": 2}, extra={"metrics": {"self_bleu": 12.5, "languages": {"en": 2}}}
+        )
+
+
+def test_a_stage_run_keeps_the_registry_artifacts_and_the_reported_metrics(argv, mlflow_store, experiment):
+    for stage in ("crawl", "clean", "dedup"):
+        stage_main(argv("art"), stage=stage, description="", run=publish(2, 1))
+    stage_main(argv("art"), stage="quality", description="", run=publish_report)
+    client, found = experiment_runs(mlflow_store, experiment)
+    (run,) = [r for (stage, _), r in runs_by_stage(client, found.experiment_id).items() if stage == "quality"]
+    top = {a.path for a in client.list_artifacts(run.info.run_id, "quality")}
+    assert top == {"quality/report.html", "quality/metrics.json", "quality/plots"}
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "quality/plots")] == [
+        "quality/plots/trend.png"
+    ]
+    assert run.data.metrics["metrics.self_bleu"] == 12.5
+    assert run.data.metrics["metrics.languages.en"] == 2
+
+
 def test_a_failing_stage_is_reraised_and_its_run_marked_failed(argv, mlflow_store, experiment, monkeypatch):
     airflow_env(monkeypatch, "pretrain_pipeline", "r1", "crawl")
     with pytest.raises(RuntimeError, match="stage broke"):
@@ -316,9 +344,11 @@ counter_trees = st.recursive(
 @given(
     rows=st.dictionaries(st.sampled_from(["documents", "excluded", "train"]), st.integers(0, 10**6)),
     counters=st.dictionaries(st.text("xyz.", min_size=1, max_size=3), counter_trees, max_size=4),
+    reported=st.dictionaries(st.text("mn", min_size=1, max_size=3), counter_trees, max_size=3),
 )
-def test_manifest_metrics_flatten_every_number_and_nothing_else(rows, counters):
-    manifest = Manifest("s", "c", "snap", "/p", "h", "v", rows=rows, counters=counters)
+def test_manifest_metrics_flatten_every_number_and_nothing_else(rows, counters, reported):
+    extra = {"metrics": reported, "gate": {"passed": 1}}  # only extra["metrics"] is read
+    manifest = Manifest("s", "c", "snap", "/p", "h", "v", rows=rows, counters=counters, extra=extra)
     expected = {"bytes": 0.0, "duration_s": 0.0}
 
     def reference(prefix, value):  # written from the spec: numbers (not bools) at any depth, dotted keys
@@ -331,4 +361,5 @@ def test_manifest_metrics_flatten_every_number_and_nothing_else(rows, counters):
 
     reference("rows", rows)
     reference("counters", counters)
+    reference("metrics", reported)
     assert manifest_metrics(manifest) == expected
