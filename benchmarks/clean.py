@@ -42,9 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_VERSION = 3  # bump when make_document or the file layout changes, so a cached corpus is rebuilt
 WARM_UP_DOCS = 500
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which linecache, and through it pyspark and torch, imports): replace it by the repository
-# root, which also holds tests.conftest (not installed). Nothing above imports tokenize.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it, for tests.conftest (not
+# installed).
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 BOILERPLATE = [

@@ -11,9 +11,8 @@ follow the machine's load, so the crawler's CPU time per page (start-up excluded
 
 from __future__ import annotations
 
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which linecache, and through it Scrapy, imports): replace it by the repository root before any
-# other import. The root also holds the test site (tests/crawl/testsite.py), which is not installed.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it, for the test site
+# (tests/crawl/testsite.py, not installed).
 import os
 import sys
 

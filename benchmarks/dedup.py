@@ -32,9 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which pyarrow and pydantic import, through inspect): replace it by the repository root, which
-# also holds the planted corpus (tests/dedup/synthetic.py, not installed). Nothing above imports tokenize.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it, for the planted corpus
+# (tests/dedup/synthetic.py, not installed).
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 SNAPSHOT = "bench"
 LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)

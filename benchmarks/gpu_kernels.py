@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run from a checkout without installing it; as a script this folder is sys.path[0], and its tokenize.py
-# would shadow the standard library's `tokenize` (which torch imports), so the root replaces it.
+# Run from a checkout without installing it; as a script this folder is sys.path[0], so the root replaces it.
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
 

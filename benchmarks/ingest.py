@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize`: replace it by the repository root (benchmarks.clean, tests.conftest). Nothing above imports it.
+# Run as a script, this folder is sys.path[0]: replace it by the repository root (benchmarks.clean,
+# tests.conftest).
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 from benchmarks.clean import (  # noqa: E402

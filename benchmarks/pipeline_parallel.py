@@ -18,8 +18,7 @@ Each configuration warms up for 2 steps, then times ``--steps`` steps. The last 
 object.
 """
 
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which torch imports): replace it by the repository root before any other import.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it.
 import os
 import sys
 

@@ -40,8 +40,7 @@ both cores are free.
 The last line printed is one JSON object.
 """
 
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which torch imports): replace it by the repository root before any other import.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it.
 import os
 import sys
 

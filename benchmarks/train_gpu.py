@@ -12,8 +12,7 @@ MFU = model FLOPs per token (``GPT.flops_per_token``: 6 x active matmul paramete
 compilation) are dropped. The last line printed is one JSON object.
 """
 
-# Run as a script, this folder is sys.path[0], and its tokenize.py would shadow the standard library's
-# `tokenize` (which torch imports): replace it by the repository root before any other import.
+# Run as a script, this folder is sys.path[0]: the repository root replaces it.
 import os
 import sys
 

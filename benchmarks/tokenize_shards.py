@@ -1,7 +1,7 @@
 """Tokens/s of the Spark tokenize stage vs raw HF tokenizers encode_batch, same text, same cores, one process.
 
-    .venv/bin/python benchmarks/tokenize.py --quick      # ~20M characters, within 3 minutes on 2 cores
-    .venv/bin/python benchmarks/tokenize.py              # ~80M characters
+    .venv/bin/python benchmarks/tokenize_shards.py --quick      # ~20M characters, within 3 minutes on 2 cores
+    .venv/bin/python benchmarks/tokenize_shards.py              # ~80M characters
 
 The text is real: Python sources and docs of the installed packages (a seeded sample of site-packages), written
 as a clean-stage Parquet dataset. The stage runs end to end (count, sample + train the BPE, Spark job that reads
@@ -18,17 +18,13 @@ process and all its descendants: the Spark JVM and its Python workers), which lo
 The last line printed is the JSON object.
 """
 
-# Run as `python benchmarks/tokenize.py`, this script's folder is sys.path[0], so this file would shadow the
-# standard library's `tokenize` (which linecache, inspect, and through them pyspark, torch and tqdm import).
-# Drop the folder before any other import. Only sys and os are loaded yet, and neither imports tokenize.
 import os
 import sys
+from pathlib import Path
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
-_early = sys.modules.get("tokenize")
-if _early is not None and os.path.dirname(os.path.abspath(getattr(_early, "__file__", "") or "")) == _HERE:
-    raise SystemExit("benchmarks/tokenize.py was imported as the stdlib `tokenize`; run it as a script")
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this folder is sys.path[0]; the repository root goes first so that benchmarks.clean imports.
+sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -37,7 +33,8 @@ import sysconfig  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from hashlib import sha1  # noqa: E402
-from pathlib import Path  # noqa: E402
+
+from benchmarks.clean import cpu_seconds_since, process_cpu  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
 RAW_METHODS = ("encode_batch", "encode_batch_fast")
@@ -81,47 +78,25 @@ def write_clean_dataset(config, snapshot: str, texts: list[str], files: int):
     return ref
 
 
-_CPU_SEEN: dict[tuple[int, float], float] = {}
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and its descendants (the Spark JVM and its Python workers).
-
-    Spark ends idle Python workers, and its daemon does not reap them into its own children times, so a
-    process' time is remembered once seen: the total never drops when a worker goes.
-    """
-    import psutil
-
-    me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            with process.oneshot():
-                key = (process.pid, process.create_time())
-                times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        _CPU_SEEN[key] = times.user + times.system
-    return sum(_CPU_SEEN.values())
-
-
 def raw_encode(tokenizer, texts: list[str], method: str) -> tuple[int, float, float]:
     """(tokens, wall seconds, CPU seconds) of one raw encode call over the whole list."""
     encode = getattr(tokenizer, method)
-    cpu, started = tree_cpu_seconds(), time.perf_counter()
+    cpu, started = process_cpu(), time.perf_counter()
     encodings = encode(texts, add_special_tokens=False)
-    elapsed, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds_since(cpu)
     return sum(len(encoding.ids) for encoding in encodings), elapsed, cpu
 
 
 def run_stage(job, config, clean, output) -> tuple:
     """(manifest, wall seconds of the whole stage, CPU seconds of its encode job, CPU seconds in all)."""
-    marks = {"start": tree_cpu_seconds()}
+    marks = {"start": process_cpu()}
     started = time.perf_counter()
-    manifest = job.run(
-        config, [clean], output, on_step=lambda step: marks.__setitem__(step, tree_cpu_seconds())
-    )
+    manifest = job.run(config, [clean], output, on_step=lambda step: marks.__setitem__(step, process_cpu()))
     wall = time.perf_counter() - started
-    return manifest, wall, marks["encode"] - marks["train_tokenizer"], tree_cpu_seconds() - marks["start"]
+    # Per process between the two marks (see benchmarks.clean.cpu_seconds_since for why not two totals).
+    before = marks["train_tokenizer"]
+    encode_cpu = sum(seconds - before.get(pid, 0.0) for pid, seconds in marks["encode"].items())
+    return manifest, wall, encode_cpu, cpu_seconds_since(marks["start"])
 
 
 def main(argv: list[str] | None = None) -> int:
