@@ -214,12 +214,15 @@ def clean_counters(decided: DataFrame) -> dict:
         decided.groupBy("drop_rule", "lang")
         .agg(
             F.count(F.lit(1)).alias("documents"),
+            F.sum("n_chars").alias("characters"),
             *[F.sum(f"pii.{kind}").alias(f"pii_{kind}") for kind in pii.KINDS],
             *[F.sum(f"signals.c4.{name}").alias(name) for name in line_removals],
         )
         .collect()
     )
     dropped: dict[str, int] = {}
+    dropped_chars: dict[str, int] = {}
+    kept_chars = 0
     kept_by_language: dict[str, int] = {}
     dropped_by_language: dict[str, int] = {}
     pii_kept = dict.fromkeys(pii.KINDS, 0)
@@ -227,8 +230,9 @@ def clean_counters(decided: DataFrame) -> dict:
     c4_lines_removed = {reason: 0 for reason in c4.LINE_REMOVALS}
     for row in rows:
         lang = row["lang"] or UNKNOWN_LANGUAGE
-        count = int(row["documents"])
+        count, characters = int(row["documents"]), int(row["characters"] or 0)
         if row["drop_rule"] is None:
+            kept_chars += characters
             kept_by_language[lang] = kept_by_language.get(lang, 0) + count
             for kind in pii.KINDS:
                 pii_kept[kind] += int(row[f"pii_{kind}"] or 0)
@@ -236,6 +240,7 @@ def clean_counters(decided: DataFrame) -> dict:
                 c4_lines_removed[reason] += int(row[f"lines_{reason}"] or 0)
         else:
             dropped[row["drop_rule"]] = dropped.get(row["drop_rule"], 0) + count
+            dropped_chars[row["drop_rule"]] = dropped_chars.get(row["drop_rule"], 0) + characters
             dropped_by_language[lang] = dropped_by_language.get(lang, 0) + count
             for kind in pii.KINDS:
                 pii_excluded[kind] += int(row[f"pii_{kind}"] or 0)
@@ -244,6 +249,10 @@ def clean_counters(decided: DataFrame) -> dict:
         "input_pages": kept + sum(dropped.values()),
         "kept": kept,
         "dropped": dict(sorted(dropped.items())),
+        # Characters of the documents each rule dropped, and of those kept (after C4's line removals).
+        "input_chars": kept_chars + sum(dropped_chars.values()),
+        "kept_chars": kept_chars,
+        "dropped_chars": dict(sorted(dropped_chars.items())),
         "kept_by_language": dict(sorted(kept_by_language.items())),
         "dropped_by_language": dict(sorted(dropped_by_language.items())),
         "pii_redacted": pii_kept,

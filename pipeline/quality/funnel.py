@@ -31,6 +31,7 @@ class Step:
     stage: str
     reason: str  # why these documents left; "kept" for the last row
     documents: int
+    characters: int | None = None  # of those documents, where the stage's manifest counts them
 
 
 def lineage(manifest: Manifest) -> list[Manifest]:
@@ -55,12 +56,19 @@ def _drops(manifest: Manifest) -> Iterator[Step]:
     if manifest.stage in ("crawl", "crawl-shards"):
         for reason, count in sorted(counters.get("by_reason", {}).items()):
             yield Step("crawl", reason, int(count))
-    elif manifest.stage == "clean":
-        for rule in sorted(counters.get("dropped", {}), key=_clean_rule_rank):
-            yield Step("clean", rule, int(counters["dropped"][rule]))
-    elif "dropped" in counters and isinstance(counters["dropped"], dict):  # dedup, and stages like it
-        for reason, count in sorted(counters["dropped"].items()):
-            yield Step(manifest.stage, reason, int(count))
+    elif "dropped" in counters and isinstance(
+        counters["dropped"], dict
+    ):  # clean, dedup, and stages like them
+        order = _clean_rule_rank if manifest.stage == "clean" else None
+        characters = counters.get("dropped_chars", {})
+        for reason in sorted(counters["dropped"], key=order):
+            chars = characters.get(reason)
+            yield Step(
+                manifest.stage,
+                reason,
+                int(counters["dropped"][reason]),
+                None if chars is None else int(chars),
+            )
 
 
 def _documents_in(manifest: Manifest) -> int | None:
@@ -80,6 +88,10 @@ def _documents_out(manifest: Manifest) -> int | None:
     return int(rows["documents"]) if "documents" in rows else None
 
 
+def _count(counters: dict, key: str) -> int | None:
+    return int(counters[key]) if key in counters else None
+
+
 def funnel(manifest: Manifest) -> list[Step]:
     """The steps from the first manifest of the lineage to ``manifest``'s kept documents.
 
@@ -94,13 +106,39 @@ def funnel(manifest: Manifest) -> list[Step]:
         if previous_out is not None and documents_in is not None and documents_in != previous_out:
             steps.append(Step(stage.stage, "not_taken_in", previous_out - documents_in))
         if previous_out is None and documents_in is not None:
-            steps.append(Step(stage.stage, "input", documents_in))
+            steps.append(Step(stage.stage, "input", documents_in, _count(stage.counters, "input_chars")))
         steps.extend(_drops(stage))
         out = _documents_out(stage)
         previous_out = out if out is not None else previous_out
         if index == len(chain) - 1 and out is not None:
-            steps.append(Step(stage.stage, "kept", out))
+            steps.append(Step(stage.stage, "kept", out, _count(stage.counters, "kept_chars")))
     return steps
+
+
+def documents_read_by(steps: list[Step], stage: str) -> int:
+    """Documents a stage took in: what was left before its first step."""
+    left = None
+    for step in steps:
+        if step.reason == "input":
+            left = step.documents
+        elif step.stage == stage:
+            return left or 0
+        elif step.reason != "kept" and left is not None:
+            left -= step.documents
+    return 0
+
+
+def shares(steps: list[Step]) -> dict[str, float | None]:
+    """``kept_share``: kept / the funnel's input; ``duplicate_share``: what dedup removed as a duplicate / what
+    it read. None where the funnel has no such rows."""
+    first = steps[0].documents if steps and steps[0].reason == "input" else 0
+    kept = steps[-1].documents if steps and steps[-1].reason == "kept" else None
+    removed = sum(s.documents for s in steps if s.stage == "dedup" and s.reason.endswith("_duplicate"))
+    dedup_read = documents_read_by(steps, "dedup")
+    return {
+        "kept_share": kept / first if first and kept is not None else None,
+        "duplicate_share": removed / dedup_read if dedup_read else None,
+    }
 
 
 def as_rows(steps: list[Step]) -> list[dict]:

@@ -155,6 +155,13 @@ def test_bad_rows_are_quarantined_with_a_reason(cleaned):
     assert surrogates["text"].encode("utf-8"), "valid UTF-8 after the pass"
     assert counters["input_pages"] == len(out)
     assert sum(counters["dropped"].values()) == sum(row["drop_rule"] is not None for row in out.values())
+    chars_by_rule = {}
+    for row in out.values():
+        if row["drop_rule"] is not None:
+            chars_by_rule[row["drop_rule"]] = chars_by_rule.get(row["drop_rule"], 0) + len(row["text"] or "")
+    assert counters["dropped_chars"] == dict(sorted(chars_by_rule.items()))
+    assert counters["kept_chars"] == sum(len(r["text"]) for r in out.values() if r["drop_rule"] is None)
+    assert counters["input_chars"] == counters["kept_chars"] + sum(chars_by_rule.values())
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """The drop funnel follows the report's lineage back to the crawl, and every step keeps the books."""
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -95,10 +96,35 @@ def test_an_input_that_is_gone_ends_the_lineage_there(tmp_path):
 @pytest.mark.slow
 def test_the_sample_corpus_funnel_balances_and_plots(sample_corpus, tmp_path):
     config, snapshot = sample_corpus
-    steps = funnel(DatasetRef.of(config, "clean", snapshot).manifest())
+    clean = DatasetRef.of(config, "clean", snapshot)
+    steps = funnel(clean.manifest())
     assert_books_balance(steps)
-    assert steps[-1] == Step(
-        "clean", "kept", DatasetRef.of(config, "clean", snapshot).manifest().rows["documents"]
-    )
+    documents = pq.read_table(clean.path / "documents").column("text").to_pylist()
+    assert steps[-1] == Step("clean", "kept", len(documents), sum(map(len, documents)))
+    assert all(step.characters is not None for step in steps if step.stage == "clean")
     assert any(step.stage == "crawl" and step.reason == "robots_disallowed" for step in steps)
     assert plot_waterfall(steps, tmp_path / "funnel.png").stat().st_size > 1000
+
+
+@given(
+    st.dictionaries(st.sampled_from(["language.not_kept", "c4.min_num_sentences"]), st.integers(1, 9)),
+    st.lists(st.integers(1, 5000), min_size=1, max_size=20),
+)
+def test_characters_ride_along_where_the_manifests_count_them(tmp_path_factory, cleaned, kept_lengths):
+    root = tmp_path_factory.mktemp("chars")
+    dropped_chars = {rule: 7 * n for rule, n in cleaned.items()}
+    kept_chars = sum(kept_lengths)
+    clean_counters = {
+        "input_pages": len(kept_lengths) + sum(cleaned.values()),
+        "kept": len(kept_lengths),
+        "dropped": cleaned,
+        "input_chars": kept_chars + sum(dropped_chars.values()),
+        "kept_chars": kept_chars,
+        "dropped_chars": dropped_chars,
+    }
+    clean = write(root / "clean", "clean", clean_counters, {})
+    steps = funnel(clean)
+    assert_books_balance(steps)
+    assert steps[0].characters == sum(s.characters for s in steps[1:])
+    assert {s.reason: s.characters for s in steps[1:-1]} == dropped_chars
+    assert steps[-1] == Step("clean", "kept", len(kept_lengths), kept_chars)
