@@ -85,9 +85,9 @@ class SubjectConfig(Section):
         # Checked here so that a bad file fails when the config is loaded, before any Spark work.
         if path is None:
             return None
-        resolved = str(Path(path).expanduser().resolve())
-        load_prototypes(resolved)
-        return resolved
+        load_prototypes(Path(path).expanduser())
+        # resolved once, where the config is loaded, like project.data_root
+        return str(Path(path).expanduser().resolve())
 
 
 class Assignment(NamedTuple):
