@@ -33,8 +33,9 @@ _SUBJECT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _WORD_RUN = re.compile(r"[^\W_]+")
 
 # How a document's subject was found: ``ENCODER`` for a language the encoder covers (or an unknown one),
-# ``CHAR_NGRAM_TFIDF`` for the fallback, ``ENCODER_UNCOVERED`` for a language neither the encoder nor the
-# prototypes cover, embedded anyway (the best there is, and the report warns).
+# ``CHAR_NGRAM_TFIDF`` for the fallback, ``ENCODER_UNCOVERED`` for a language the encoder lacks and the
+# fallback cannot take (not in every subject's prototypes, or ``fallback: none``): embedded anyway, the best
+# there is, and the report warns.
 ENCODER = "encoder"
 CHAR_NGRAM_TFIDF = "char_ngram_tfidf"
 ENCODER_UNCOVERED = "encoder_uncovered_language"
@@ -200,7 +201,13 @@ def assign_subjects(
     subjects = list(prototype_embeddings)
     labels = [subject for subject in subjects for _ in range(len(prototype_embeddings[subject]))]
     matrix = np.concatenate([np.asarray(prototype_embeddings[s], dtype=np.float64) for s in subjects])
-    similarities = np.asarray(doc_embeddings, dtype=np.float64).reshape(-1, matrix.shape[1]) @ matrix.T
+    documents = np.atleast_2d(np.asarray(doc_embeddings, dtype=np.float64))
+    if documents.shape[1] != matrix.shape[1]:
+        raise ValueError(
+            f"document embeddings have {documents.shape[1]} dimensions and the prototypes' {matrix.shape[1]}: "
+            "embed both with the same encoder"
+        )
+    similarities = documents @ matrix.T
     return assign_from_scores(
         subject_scores(similarities, labels, subjects, scoring, top_k), subjects, min_similarity
     )
@@ -263,9 +270,11 @@ def routes(
 
 
 def fallback_languages(config: SubjectConfig, prototypes: Prototypes) -> list[str]:
+    """The languages the fallback can score: those every subject has prototypes in (one that only some
+    subjects have would send all of its documents to those subjects)."""
     if config.fallback == "none":
         return []
-    return sorted({language for texts in prototypes.values() for language in texts})
+    return sorted(set.intersection(*(set(languages) for languages in prototypes.values())))
 
 
 def assign_documents(
@@ -288,7 +297,8 @@ def assign_documents(
 
     # Embedded documents meet the prototypes in the encoder's languages (a multilingual encoder compares
     # across them) and, for a language it lacks, those in the document's own language too: measured, the
-    # English encoder matches Chinese documents to Chinese prototypes twice as well as to English ones.
+    # English encoder matches Chinese documents to Chinese prototypes about twice as well as to English ones
+    # (0.54 against 0.25 of the held-out set, scoring by the best prototype).
     groups: dict[frozenset[str], list[int]] = {}
     for i, method in enumerate(chosen):
         if method != CHAR_NGRAM_TFIDF:

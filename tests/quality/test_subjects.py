@@ -23,6 +23,7 @@ from pipeline.quality.subjects import (
     assign_documents,
     assign_from_scores,
     assign_subjects,
+    fallback_languages,
     language_warnings,
     load_prototypes,
     plot_subjects,
@@ -348,6 +349,22 @@ def test_top_k_mean_averages_a_subjects_best_prototypes():
     # gamma has one prototype: its top-2 mean is that one
     (third,) = assign_subjects(unit([0, 0, 1]), PROTOTYPES, scoring="top_k_mean", top_k=2)
     assert (third.subject, third.similarity) == ("gamma", pytest.approx(1.0))
+
+
+def test_embeddings_from_another_encoder_are_refused():
+    with pytest.raises(ValueError, match="4 dimensions and the prototypes' 3"):
+        assign_subjects(unit([1, 0, 0, 0]), PROTOTYPES)
+
+
+def test_the_fallback_takes_only_languages_every_subject_has(tmp_path):
+    path = write(
+        tmp_path / "partial.yaml",
+        "news:\n  en: [the council voted]\n  zh: [市议会投票]\ncode:\n  en: [def main()]\n",
+    )
+    config = SubjectConfig(prototypes=path)
+    assert fallback_languages(config, load_prototypes(path)) == ["en"]
+    assert fallback_languages(SubjectConfig(fallback="none"), load_prototypes(path)) == []
+    assert fallback_languages(SubjectConfig(), load_prototypes(None)) == ["en", "zh"]
 
 
 def test_a_tie_has_margin_zero_and_goes_to_the_first_subject():
