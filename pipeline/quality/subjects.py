@@ -427,7 +427,8 @@ def subject_coverage(
 
 
 def plot_subjects(coverage: dict, path: Path) -> Path:
-    """Share of the sample per subject, the unassigned bar grey, subjects under min_share red."""
+    """Share of the sample per subject (documents at the bar's end), unassigned grey, subjects under min_share
+    red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -439,6 +440,13 @@ def plot_subjects(coverage: dict, path: Path) -> Path:
     colours = ["tab:red" if name in flagged else "tab:blue" for name in names[:-1]] + ["tab:gray"]
     figure, axis = plt.subplots(figsize=(8, max(2.5, 0.32 * len(names) + 1)))
     axis.barh(names, shares, color=colours)
+    counts = [row["documents"] for row in coverage["subjects"].values()] + [coverage[UNASSIGNED]["documents"]]
+    for row, (share, count) in enumerate(zip(shares, counts, strict=True)):
+        axis.annotate(f" {count}", (share, row), va="center", fontsize=7)
+    # a flagged subject with no documents has no bar to colour: its label says it
+    for label in axis.get_yticklabels():
+        if label.get_text() in flagged:
+            label.set_color("tab:red")
     if coverage["min_share"] is not None:
         axis.axvline(coverage["min_share"], color="tab:red", linestyle="--", linewidth=1, label="min_share")
         axis.legend(fontsize=7, loc="lower right")
