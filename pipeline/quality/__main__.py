@@ -1,6 +1,6 @@
 """`python -m pipeline.quality` / `pretrain quality`: a data-quality report on the finished (deduplicated)
-documents: host coverage, diversity, embeddings. Writes report.html, metrics.json and plots under
-<data_root>/<corpus>/quality/<snapshot>/.
+documents: subjects, diversity, the drop funnel and the change since the previous snapshot. Writes
+report.html, metrics.json and plots under <data_root>/<corpus>/quality/<snapshot>/.
 """
 
 from __future__ import annotations

@@ -1,23 +1,26 @@
 """The quality stage: a data-quality report on a snapshot's documents.
 
-Three views, each computed where it scales:
+Each view is computed where it scales:
 
-* coverage: documents, characters and languages per domain, over every document (Spark aggregations);
-* lexical diversity: distinct word n-gram ratios over a deterministic sample (Spark, Arrow batches);
-* semantic diversity: sentence embeddings (``pipeline.embeddings``; by default all-MiniLM-L6-v2, offline)
-  of the same sample, computed in Spark workers, then pairwise cosine statistics and a k-means
-  cluster-size entropy on the driver (the sample is small by construction).
+* coverage: documents, characters and languages per web host, over every document (Spark aggregations);
+* the sample: ``quality.sample_docs`` documents by a seeded hash of their ids, embedded in the Spark
+  workers (``pipeline.embeddings``), then brought to the driver, so the costly metrics below cost the same
+  whatever the corpus size:
+  * subjects: each sampled document's nearest subject by its prototypes (``subjects``);
+  * diversity: distinct n-grams (Spark), cosine statistics, k-means cluster entropy, Vendi score,
+    compression ratios, and on ``quality.pairwise_docs`` of them self-BLEU and a BERTScore-style F1
+    (``diversity``);
+* the drop funnel, from the manifests along the documents' lineage (``funnel``);
+* the change since the previous snapshot's report (``trends``), and the gate (``gate``).
 
-Writes ``report.html`` (plots inline), ``metrics.json``, ``plots/*.png``, ``domains.parquet`` and
-``embeddings.parquet`` (the sample's vectors, for anyone who wants to dig further).
+Writes ``report.html`` (``page``: plots inline), ``metrics.json``, ``plots/*.png``, ``hosts.parquet`` and
+``embeddings.parquet`` (the sample's vectors and subjects, for anyone who wants to dig further).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
-import html
 import json
 import logging
 import math
@@ -36,8 +39,8 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
-from pipeline.quality import gate
-from pipeline.quality.funnel import as_rows, funnel, plot_waterfall
+from pipeline.quality import diversity, gate, page, subjects, trends
+from pipeline.quality.funnel import as_rows, funnel, plot_waterfall, shares
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -46,7 +49,6 @@ log = logging.getLogger(__name__)
 STAGE = "quality"
 _WORD = re.compile(r"\w+", re.UNICODE)
 
-EMBEDDED_SCHEMA = embedded_schema(("id", "domain"))
 NGRAM_SCHEMA = pa.schema([("n", pa.int32()), ("total", pa.int64()), ("hashes", pa.list_(pa.int64()))])
 
 
@@ -105,109 +107,17 @@ def cluster_entropy(embeddings: np.ndarray, clusters: int, seed: int) -> dict[st
     return {"clusters": k, "cluster_entropy": float(entropy)}
 
 
-def domain_concentration(doc_counts: list[int]) -> dict[str, float | int]:
+def host_concentration(doc_counts: list[int]) -> dict[str, float | int]:
+    """How concentrated the documents are on few web hosts (the host view; subjects are another view)."""
     total = sum(doc_counts)
     shares = sorted((c / total for c in doc_counts), reverse=True) if total else []
     entropy = -sum(p * math.log(p) for p in shares if p > 0)
     return {
-        "domains": len(doc_counts),
-        "top10_domain_share": float(sum(shares[:10])),
-        "domain_entropy_normalised": float(entropy / math.log(len(shares))) if len(shares) > 1 else 0.0,
-        "herfindahl_index": float(sum(p * p for p in shares)),
+        "hosts": len(doc_counts),
+        "top10_host_share": float(sum(shares[:10])),
+        "host_entropy_normalised": float(entropy / math.log(len(shares))) if len(shares) > 1 else 0.0,
+        "host_herfindahl_index": float(sum(p * p for p in shares)),
     }
-
-
-def _plot_report(
-    plots: Path, domains: list[dict], lengths: np.ndarray, embeddings: np.ndarray, emb_domains: list[str]
-) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots.mkdir()
-    written = []
-
-    top = domains[:20]
-    figure, axis = plt.subplots(figsize=(8, max(2.5, 0.3 * len(top) + 1)))
-    axis.barh(
-        [row["domain"] for row in reversed(top)],
-        [row["documents"] for row in reversed(top)],
-        color="tab:blue",
-    )
-    axis.set(title="documents per domain (top 20)", xlabel="documents")
-    figure.tight_layout()
-    written.append(plots / "domains.png")
-    figure.savefig(written[-1], dpi=90)
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(7, 3.5))
-    if len(lengths):
-        bins = np.logspace(math.log10(max(1, lengths.min())), math.log10(max(2, lengths.max())), 40)
-        axis.hist(lengths, bins=bins, color="tab:green")
-        axis.set_xscale("log")
-    axis.set(title="document length", xlabel="characters (log scale)", ylabel="documents")
-    figure.tight_layout()
-    written.append(plots / "lengths.png")
-    figure.savefig(written[-1], dpi=90)
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(6, 5))
-    if len(embeddings) >= 3:
-        centred = embeddings - embeddings.mean(axis=0)
-        _, _, components = np.linalg.svd(centred, full_matrices=False)
-        projected = centred @ components[:2].T
-        top_names = [row["domain"] for row in domains[:8]]
-        for name in [*top_names, None]:
-            mask = np.array([(d if d in top_names else None) == name for d in emb_domains])
-            if mask.any():
-                axis.scatter(projected[mask, 0], projected[mask, 1], s=8, label=name or "other domains")
-        axis.legend(fontsize=7, loc="best")
-    axis.set(title="sample embeddings (PCA)", xlabel="PC1", ylabel="PC2")
-    figure.tight_layout()
-    written.append(plots / "embeddings_pca.png")
-    figure.savefig(written[-1], dpi=90)
-    plt.close(figure)
-    return written
-
-
-def _gate_html(verdict: dict | None) -> str:
-    if not verdict or verdict["mode"] == "ignore":
-        return ""
-    if verdict["passed"]:
-        return "<p><b>Quality gate: passed.</b></p>"
-    items = "".join(f"<li>{html.escape(failure)}</li>" for failure in verdict["failures"])
-    effect = "not announced for training" if verdict["mode"] == "fail" else "announced anyway (mode warn)"
-    return f"<h2>Quality gate: failed, {effect}</h2><ul>{items}</ul>"
-
-
-def _write_html(path: Path, snapshot: str, metrics: dict, domains: list[dict], images: list[Path]) -> None:
-    rows = "".join(
-        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-        for k, v in metrics.items()
-        if k not in ("funnel", "gate")
-    )
-    domain_rows = "".join(
-        f"<tr><td>{html.escape(row['domain'] or '')}</td><td>{row['documents']}</td><td>{row['characters']}</td></tr>"
-        for row in domains[:50]
-    )
-    funnel_rows = "".join(
-        f"<tr><td>{html.escape(step['stage'])}</td><td>{html.escape(step['reason'])}</td><td>{step['documents']}</td></tr>"
-        for step in metrics.get("funnel", [])
-    )
-    figures = "".join(
-        f'<img alt="{image.stem}" src="data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}">'
-        for image in images
-    )
-    path.write_text(
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Data quality: {html.escape(snapshot)}</title>"
-        "<style>body{font-family:sans-serif;margin:2em}td{padding:2px 12px}img{max-width:48%;margin:4px}</style>"
-        f"</head><body><h1>Data quality report: {html.escape(snapshot)}</h1>"
-        f"{_gate_html(metrics.get('gate'))}<h2>Drop funnel</h2><table><tr><th>stage</th><th>step</th><th>documents</th></tr>{funnel_rows}</table>"
-        f"<h2>Metrics</h2><table>{rows}</table><h2>Plots</h2>{figures}"
-        f"<h2>Top domains</h2><table><tr><th>domain</th><th>documents</th><th>characters</th></tr>{domain_rows}</table>"
-        "</body></html>\n"
-    )
 
 
 @dataclass(frozen=True)
@@ -216,7 +126,7 @@ class Coverage:
 
     documents: int
     characters: int
-    domains: list[dict]  # domain, documents, characters; most documents first
+    hosts: list[dict]  # domain (the web host), documents, characters; most documents first
     languages: dict[str, int]  # empty when the input has no ``lang`` column
     length_quantiles: list[float]  # characters at p10, p50, p90, p99
 
@@ -230,7 +140,7 @@ def coverage(docs: DataFrame) -> Coverage:
         .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
         .orderBy(F.desc("documents"), "domain")
     )
-    domains = [row.asDict() for row in per_domain.collect()]
+    hosts = [row.asDict() for row in per_domain.collect()]
     languages = (
         {str(r["lang"]): int(r["count"]) for r in docs.groupBy("lang").count().collect()}
         if "lang" in docs.columns
@@ -242,7 +152,7 @@ def coverage(docs: DataFrame) -> Coverage:
     return Coverage(
         documents=int(totals["documents"]),
         characters=int(totals["characters"] or 0),
-        domains=domains,
+        hosts=hosts,
         languages=languages,
         length_quantiles=[float(q) for q in length_quantiles] if length_quantiles else [],
     )
@@ -253,11 +163,12 @@ def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
     the lexical and semantic views both read it."""
     from pyspark.sql import functions as F
 
+    lang = F.col("lang") if "lang" in docs.columns else F.lit(None).cast("string")
     return (
         docs.withColumn("order", F.xxhash64(F.lit(config.project.seed), "id"))
         .orderBy("order", "id")
         .limit(config.quality.sample_docs)
-        .select("id", "domain", "text")
+        .select("id", "domain", lang.alias("lang"), "text")
         .repartition(config.spark.shuffle_partitions, "id")
         .cache()
     )
@@ -282,28 +193,85 @@ def lexical_diversity(sample: DataFrame, max_n: int = 2) -> dict[str, float | No
     }
 
 
-def embed_sample(sample: DataFrame, encoder: EncoderConfig) -> tuple[list[str], list[str], np.ndarray]:
-    """(ids, domains, embeddings) of the sample, sorted by id; embedded in the Spark workers."""
+@dataclass(frozen=True)
+class Sample:
+    """The sample on the driver, sorted by id: bounded by ``quality.sample_docs`` whatever the corpus size."""
+
+    ids: list[str]
+    hosts: list[str]
+    languages: list[str | None]
+    texts: list[str]
+    embeddings: np.ndarray  # unit rows, embedded in the Spark workers
+
+
+def collect_sample(sample: DataFrame, encoder: EncoderConfig) -> Sample:
     embedded = sample.mapInArrow(
-        functools.partial(embed_batches, config=encoder, keep=("id", "domain")),
-        spark_schema(EMBEDDED_SCHEMA),
+        functools.partial(embed_batches, config=encoder, keep=("id",)),
+        spark_schema(embedded_schema(("id",))),
     )
-    rows = sorted(embedded.collect(), key=lambda row: row.id)
-    embeddings = np.array([row.embedding for row in rows], dtype=np.float32).reshape(len(rows), -1)
-    return [row.id for row in rows], [row.domain for row in rows], embeddings
+    vectors = {row.id: row.embedding for row in embedded.collect()}
+    rows = sorted(sample.select("id", "domain", "lang", "text").collect(), key=lambda row: row.id)
+    return Sample(
+        ids=[row.id for row in rows],
+        hosts=[row.domain for row in rows],
+        languages=[row.lang for row in rows],
+        texts=[row.text for row in rows],
+        embeddings=np.array([vectors[row.id] for row in rows], dtype=np.float32).reshape(len(rows), -1),
+    )
 
 
-def write_tables(
-    folder: Path, domains: list[dict], ids: list[str], emb_domains: list[str], embeddings: np.ndarray
-) -> None:
-    pq.write_table(pa.Table.from_pylist(domains), folder / "domains.parquet")
+@dataclass(frozen=True)
+class Topics:
+    """The subject view of the sample."""
+
+    assigned: list[str]  # each sampled document's subject (or "unassigned")
+    coverage: dict  # subjects.subject_coverage
+    metrics: dict
+    warnings: list[str]
+
+
+def subject_view(sample: Sample, quality) -> Topics:
+    config = quality.subjects
+    prototypes = subjects.load_prototypes(config.prototypes)
+    found = subjects.assign_documents(
+        sample.texts, sample.languages, config, quality.encoder, embeddings=sample.embeddings
+    )
+    coverage = subjects.subject_coverage(found, list(prototypes), config.min_share, config.min_margin)
+    table = coverage["subjects"]
+    shares = [row["share"] for row in table.values() if row["share"] > 0]
+    entropy = -sum(p * math.log(p) for p in shares)
+    metrics = {
+        "subjects": table,
+        "unassigned_documents": coverage[subjects.UNASSIGNED]["documents"],
+        "unassigned_share": coverage[subjects.UNASSIGNED]["share"],
+        "subjects_under_min_share": coverage["under_min_share"],
+        "subject_methods": coverage["methods"],
+        "subject_entropy_normalised": entropy / math.log(len(table)) if len(table) > 1 else None,
+    }
+    warnings = subjects.language_warnings(
+        sample.languages,
+        quality.encoder.languages,
+        subjects.fallback_languages(config, prototypes),
+        quality.encoder.model,
+    )
+    if coverage["under_min_share"]:
+        warnings.append(
+            f"subjects under quality.subjects.min_share {config.min_share}: {', '.join(coverage['under_min_share'])}"
+        )
+    return Topics([a.subject for a in found], coverage, metrics, warnings)
+
+
+def write_tables(folder: Path, hosts: list[dict], sample: Sample, assigned: list[str]) -> None:
+    pq.write_table(pa.Table.from_pylist(hosts), folder / "hosts.parquet")
     pq.write_table(
         pa.table(
             {
-                "id": ids,
-                "domain": emb_domains,
+                "id": sample.ids,
+                "host": sample.hosts,
+                "lang": sample.languages,
+                "subject": assigned,
                 "embedding": pa.FixedSizeListArray.from_arrays(
-                    pa.array(embeddings.ravel()), embeddings.shape[1]
+                    pa.array(sample.embeddings.ravel()), sample.embeddings.shape[1]
                 ),
             }
         ),
@@ -322,29 +290,41 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "n_chars", F.length("text")
         )
         covered = coverage(docs)
+        sampled = sample_documents(docs, config)
+        lexical = lexical_diversity(sampled)
+        sample = collect_sample(sampled, quality.encoder)
+        sampled.unpersist()
+        log.info("quality: %d documents, sample of %d embedded", covered.documents, len(sample.ids))
 
-        sample = sample_documents(docs, config)
-        lengths = np.array(
-            [row.n for row in sample.select(F.length("text").alias("n")).collect()], dtype=np.int64
-        )
-        lexical = lexical_diversity(sample)
-        ids, emb_domains, embeddings = embed_sample(sample, quality.encoder)
-        sample.unpersist()
-
+        topics = subject_view(sample, quality)
+        ratios = [diversity.compression_ratio(text) for text in sample.texts if text]
+        steps = funnel(documents_ref.manifest())
         metrics = {
             "documents": covered.documents,
             "characters": covered.characters,
-            "sampled_documents": len(ids),
+            "sampled_documents": len(sample.ids),
+            "seed": config.project.seed,
             "length_p10_p50_p90_p99": covered.length_quantiles,
             "languages": covered.languages,
-            **domain_concentration([row["documents"] for row in covered.domains]),
+            **host_concentration([row["documents"] for row in covered.hosts]),
+            **shares(steps),
             **lexical,
-            **cosine_statistics(embeddings),
-            **cluster_entropy(embeddings, quality.clusters, config.project.seed),
+            **cosine_statistics(sample.embeddings),
+            **cluster_entropy(sample.embeddings, quality.clusters, config.project.seed),
+            **diversity.sample_diversity(
+                sample.texts,
+                sample.embeddings,
+                quality.encoder,
+                max_pairwise_docs=quality.pairwise_docs,
+                max_pairs=quality.bertscore_pairs,
+                seed=config.project.seed,
+            ),
+            **topics.metrics,
+            "funnel": as_rows(steps),
         }
-        steps = funnel(documents_ref.manifest())
-        metrics["funnel"] = as_rows(steps)
-        verdict = gate.evaluate(quality.gate, metrics, steps)
+        warnings = topics.warnings
+        metrics["warnings"] = warnings
+        verdict = gate.evaluate(quality.gate, metrics)
         metrics["gate"] = verdict
         if not verdict["passed"]:
             log.warning(
@@ -353,18 +333,50 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "; ".join(verdict["failures"]),
                 ": this snapshot's token shards will not be announced" if verdict["mode"] == "fail" else "",
             )
+        for warning in warnings:
+            log.warning("quality: %s", warning)
+
+        earlier = trends.earlier_reports(output, quality.trend_snapshots)
+        previous_snapshot, previous = earlier[-1] if earlier else (None, None)
+        changes = trends.deltas(metrics, previous)
         (out.path / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        write_tables(out.path, covered.domains, ids, emb_domains, embeddings)
-        images = _plot_report(out.path / "plots", covered.domains, lengths, embeddings, emb_domains)
-        images.append(plot_waterfall(steps, out.path / "plots" / "funnel.png"))
-        _write_html(out.path / "report.html", output.snapshot, metrics, covered.domains, images)
+        write_tables(out.path, covered.hosts, sample, topics.assigned)
+
+        plots = out.path / "plots"
+        plots.mkdir()
+        images = {
+            "subjects": subjects.plot_subjects(topics.coverage, plots / "subjects.png"),
+            "compression": diversity.plot_compression(ratios, plots / "compression.png"),
+            "embeddings": page.plot_embeddings(
+                sample.embeddings,
+                topics.assigned,
+                plots / "embeddings_pca.png",
+                "sample embeddings by subject",
+            ),
+            "funnel": plot_waterfall(steps, plots / "funnel.png"),
+            "trends": trends.plot_trends([*earlier, (output.snapshot, metrics)], plots / "trends.png"),
+            "hosts": page.plot_hosts(covered.hosts, plots / "hosts.png"),
+            "lengths": page.plot_lengths(np.array([len(t) for t in sample.texts]), plots / "lengths.png"),
+        }
+        page.write_page(
+            out.path / "report.html",
+            output.snapshot,
+            metrics,
+            covered.hosts,
+            images,
+            changes,
+            previous_snapshot,
+            warnings,
+        )
         log.info(
-            "quality: %d documents, %d domains, mean pairwise cosine %s",
+            "quality: %d documents, %d hosts, self-BLEU %s, Vendi %s, unassigned %s",
             metrics["documents"],
-            metrics["domains"],
-            metrics["mean_pairwise_cosine"],
+            metrics["hosts"],
+            metrics.get("self_bleu"),
+            metrics.get("vendi_score"),
+            metrics.get("unassigned_share"),
         )
         return out.commit(
-            rows={"documents": metrics["documents"], "sampled": len(ids)},
-            extra={"metrics": metrics, "gate": verdict},
+            rows={"documents": metrics["documents"], "sampled": len(sample.ids)},
+            extra={"metrics": metrics, "gate": verdict, "previous_snapshot": previous_snapshot},
         )

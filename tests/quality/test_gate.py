@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.core.config import ConfigError
-from pipeline.quality.funnel import Step
+from pipeline.quality.funnel import Step, shares
 from pipeline.quality.gate import blocks_training, evaluate
 
 STEPS = [
@@ -17,16 +17,17 @@ STEPS = [
 ]
 
 
+SHARES = shares(STEPS)  # kept 40 of 100; dedup read 60 and removed 20
+
+
 def gate(*overrides):
     return load_config(overrides=list(overrides), environ={}).quality.gate
 
 
 def test_the_default_gate_warns_on_an_empty_snapshot_only():
-    assert evaluate(gate(), {"documents": 40}, STEPS) == {"mode": "warn", "passed": True, "failures": []}
-    verdict = evaluate(gate(), {"documents": 0}, STEPS)
-    assert not verdict["passed"] and verdict["failures"] == [
-        "kept documents 0 < quality.gate.min_documents 1"
-    ]
+    assert evaluate(gate(), {"documents": 40, **SHARES}) == {"mode": "warn", "passed": True, "failures": []}
+    verdict = evaluate(gate(), {"documents": 0, **SHARES})
+    assert not verdict["passed"] and verdict["failures"] == ["documents 0 < quality.gate.min_documents 1"]
     assert not blocks_training(verdict), "warn announces the shards anyway"
 
 
@@ -37,21 +38,40 @@ def test_each_threshold_is_named_when_missed():
         "quality.gate.min_kept_share=0.5",
         "quality.gate.max_duplicate_share=0.25",  # dedup read 60 and removed 20: 0.333
         "quality.gate.max_mean_pairwise_cosine=0.3",
+        "quality.gate.max_self_bleu=20",
+        "quality.gate.max_unassigned_share=0.1",
+        "quality.gate.min_subject_share=0.05",
     )
-    verdict = evaluate(strict, {"documents": 40, "mean_pairwise_cosine": 0.42}, STEPS)
+    metrics = {
+        "documents": 40,
+        "mean_pairwise_cosine": 0.42,
+        "self_bleu": 31.5,
+        "unassigned_share": 0.05,
+        "subjects": {"code": {"share": 0.9}, "news": {"share": 0.04}, "legal_government": {"share": 0.0}},
+        **SHARES,
+    }
+    verdict = evaluate(strict, metrics)
     assert verdict["mode"] == "fail" and not verdict["passed"] and blocks_training(verdict)
     assert verdict["failures"] == [
-        "kept documents 40 < quality.gate.min_documents 50",
-        "kept share 0.4000 (of 100 in) < quality.gate.min_kept_share 0.5",
-        "duplicate share 0.3333 > quality.gate.max_duplicate_share 0.25",
-        "mean pairwise cosine 0.4200 > quality.gate.max_mean_pairwise_cosine 0.3",
+        "documents 40 < quality.gate.min_documents 50",
+        "kept_share 0.4000 < quality.gate.min_kept_share 0.5",
+        "duplicate_share 0.3333 > quality.gate.max_duplicate_share 0.25",
+        "mean_pairwise_cosine 0.4200 > quality.gate.max_mean_pairwise_cosine 0.3",
+        "self_bleu 31.5000 > quality.gate.max_self_bleu 20.0",
+        "subject legal_government share 0.0000 < quality.gate.min_subject_share 0.05",
+        "subject news share 0.0400 < quality.gate.min_subject_share 0.05",
     ]
     relaxed = gate("quality.gate.mode=fail", "quality.gate.max_duplicate_share=0.34")
-    assert evaluate(relaxed, {"documents": 40, "mean_pairwise_cosine": 0.42}, STEPS)["passed"]
+    assert evaluate(relaxed, metrics)["passed"]
+
+
+def test_a_metric_the_report_could_not_compute_is_not_judged():
+    strict = gate("quality.gate.mode=fail", "quality.gate.max_self_bleu=1", "quality.gate.min_kept_share=0.9")
+    assert evaluate(strict, {"documents": 5, "self_bleu": None, "kept_share": None})["passed"]
 
 
 def test_ignore_passes_everything_and_bad_thresholds_are_config_errors():
-    assert evaluate(gate("quality.gate.mode=ignore"), {"documents": 0}, STEPS)["passed"]
+    assert evaluate(gate("quality.gate.mode=ignore"), {"documents": 0})["passed"]
     with pytest.raises(ConfigError, match=r"quality\.gate\.max_duplicate_share"):
         gate("quality.gate.max_duplicate_share=1.5")
     with pytest.raises(ConfigError, match="did you mean 'min_documents'"):

@@ -1,3 +1,4 @@
+import gzip
 import json
 import math
 import re
@@ -9,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.storage import DatasetRef
+from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches
 from pipeline.quality.report import (
     cluster_entropy,
     cosine_statistics,
-    domain_concentration,
+    host_concentration,
     run,
 )
 
@@ -32,13 +33,13 @@ def test_cosine_statistics_match_a_loop_reference():
 
 
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=30))
-def test_domain_concentration_bounds(counts):
-    stats = domain_concentration(counts)
+def test_host_concentration_bounds(counts):
+    stats = host_concentration(counts)
     total = sum(counts)
-    assert stats["domains"] == len(counts)
-    assert stats["herfindahl_index"] == pytest.approx(sum((c / total) ** 2 for c in counts))
-    assert 0.0 <= stats["domain_entropy_normalised"] <= 1.0 + 1e-9
-    assert stats["top10_domain_share"] == pytest.approx(sum(sorted(counts, reverse=True)[:10]) / total)
+    assert stats["hosts"] == len(counts)
+    assert stats["host_herfindahl_index"] == pytest.approx(sum((c / total) ** 2 for c in counts))
+    assert 0.0 <= stats["host_entropy_normalised"] <= 1.0 + 1e-9
+    assert stats["top10_host_share"] == pytest.approx(sum(sorted(counts, reverse=True)[:10]) / total)
 
 
 def test_cluster_entropy_separates_even_and_lopsided_topics():
@@ -83,6 +84,14 @@ def test_embeddings_rank_repetitive_text_as_less_diverse():
 def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     config, snapshot = sample_corpus
     clean = DatasetRef.of(config, "clean", snapshot)
+    # An earlier report on the corpus (its name sorts first), for the comparison and the trend plot.
+    earlier = DatasetRef.of(config, "quality", "0-earlier")
+    with StageOutput(earlier, config, []) as out:
+        (out.path / "metrics.json").write_text(
+            json.dumps({"documents": 1, "self_bleu": 99.0, "vendi_score": 1.0})
+        )
+        out.commit()
+
     manifest = run(config, [clean], DatasetRef.of(config, "quality", snapshot))
     folder = DatasetRef.of(config, "quality", snapshot).path
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -91,7 +100,7 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     assert metrics == manifest.extra["metrics"]
     assert metrics["documents"] == len(documents) == metrics["sampled_documents"]
     assert metrics["characters"] == sum(len(d["text"]) for d in documents)
-    assert metrics["domains"] == 1 and metrics["herfindahl_index"] == 1.0
+    assert metrics["hosts"] == 1 and metrics["host_herfindahl_index"] == 1.0
     words = [re.findall(r"\w+", d["text"].lower()) for d in documents]
     unigrams = [w for ws in words for w in ws]
     assert metrics["distinct_1gram_ratio"] == pytest.approx(len(set(unigrams)) / len(unigrams))
@@ -102,16 +111,41 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     assert metrics["mean_pairwise_cosine"] == pytest.approx(
         cosine_statistics(vectors)["mean_pairwise_cosine"], abs=1e-6
     )
+    # Vendi from the saved vectors, by its definition: exp(entropy of the eigenvalues of K/n).
+    eigenvalues = np.clip(np.linalg.eigvalsh(vectors @ vectors.T / len(vectors)), 0, None)
+    eigenvalues = eigenvalues[eigenvalues > 1e-12]
+    assert metrics["vendi_score"] == pytest.approx(
+        np.exp(-(eigenvalues * np.log(eigenvalues)).sum()), rel=1e-4
+    )
+    ratios = [len(gzip.compress(d["text"].encode(), 9, mtime=0)) / len(d["text"].encode()) for d in documents]
+    assert metrics["compression_ratio_mean"] == pytest.approx(np.mean(ratios))
+    assert 0 <= metrics["self_bleu"] <= 100 and 0 < metrics["bertscore_f1"] <= 1
     assert not math.isnan(metrics["cluster_entropy"])
+
+    # Subjects: every sampled document has one, and the shares add up with the unassigned bucket.
+    assigned = embeddings.column("subject").to_pylist()
+    assert len(assigned) == len(documents) and all(assigned)
+    shares = sum(row["share"] for row in metrics["subjects"].values()) + metrics["unassigned_share"]
+    assert shares == pytest.approx(1.0)
+    for name, row in metrics["subjects"].items():
+        assert row["documents"] == assigned.count(name)
+
+    # Across snapshots: compared with the earlier report.
+    assert manifest.extra["previous_snapshot"] == "0-earlier"
     html = (folder / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4
+    assert "Compared with snapshot <b>0-earlier</b>" in html
     assert {p.name for p in (folder / "plots").iterdir()} == {
-        "domains.png",
-        "lengths.png",
+        "subjects.png",
+        "compression.png",
         "embeddings_pca.png",
         "funnel.png",
+        "trends.png",
+        "hosts.png",
+        "lengths.png",
     }
-    assert "<h2>Drop funnel</h2>" in html
+    assert html.count("data:image/png;base64,") == 7
+    for heading in ("Subjects", "Diversity", "Drop funnel", "Across snapshots", "Hosts"):
+        assert f"<h2>{heading}</h2>" in html
     funnel = metrics["funnel"]
-    assert funnel[-1] == {"stage": "clean", "reason": "kept", "documents": len(documents)}
+    assert funnel[-1]["reason"] == "kept" and funnel[-1]["documents"] == len(documents)
     assert funnel[0]["documents"] == sum(step["documents"] for step in funnel[1:])
