@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.docker.dockerfiles import DOCKER, ROOT
+from tests.docker.dockerfiles import DOCKER, ROOT, SERVICES_LOCK, parse, pip_installs, read_lock
 
 COMPOSE = DOCKER / "compose.yaml"
 OBSERVABILITY = DOCKER / "observability" / "compose.yaml"
@@ -264,3 +264,16 @@ def test_docker_compose_config_accepts_the_stack(tmp_path):
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_images_carry_the_drivers_the_stack_uses():
+    """postgresql+psycopg2 URLs for Airflow (which also opens them with asyncpg) and MLflow; s3:// artifacts."""
+    services_lock = read_lock(SERVICES_LOCK)
+    assert {"psycopg2-binary", "asyncpg", "boto3"} <= set(services_lock)
+    airflow = parse(DOCKER / "airflow.Dockerfile")
+    assert any("requirements-services.lock" in " ".join(words) for words in pip_installs(airflow.stages[-1]))
+    mlflow = " ".join(
+        " ".join(words) for words in pip_installs(parse(DOCKER / "mlflow.Dockerfile").stages[0])
+    )
+    for package in ("mlflow==", "psycopg2-binary==", "boto3=="):
+        assert package in mlflow
