@@ -38,17 +38,23 @@ RUN apt-get update \
     && mkdir /data \
     && chown 50000:0 /data
 USER 50000:0
-COPY --chown=airflow:0 requirements.lock docker/requirements-services.lock /opt/airflow/requirements/
-COPY --from=build --chown=airflow:0 /tmp/wheels /tmp/wheels
-# apache-airflow is named so pip never moves it; torch from the CPU index (the lock's 2.13.0 as 2.13.0+cpu).
+WORKDIR /opt/airflow/requirements
+# Every stage's extras and the providers at their locked versions (-c), plus the database drivers; before
+# the wheel, so code changes reuse this layer. apache-airflow is named so pip never moves it; torch comes
+# from the CPU index (the lock's 2.13.0 as 2.13.0+cpu).
+COPY --chown=airflow:0 requirements.lock setup.cfg docker/extras_requirements.py \
+    docker/requirements-services.lock ./
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
+RUN python extras_requirements.py setup.cfg airflow crawl spark tokenize train tracking quality evaluate \
+        > runtime-requirements.txt \
+    && pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "apache-airflow==${AIRFLOW_VERSION}" \
-        -r /opt/airflow/requirements/requirements.lock \
-        -r /opt/airflow/requirements/requirements-services.lock \
-    && pip install --no-cache-dir --no-deps /tmp/wheels/pretrain_pipeline-*.whl \
+        -c requirements.lock -r runtime-requirements.txt -r requirements-services.lock
+COPY --from=build --chown=airflow:0 /tmp/wheels /tmp/wheels
+RUN pip install --no-cache-dir --no-deps /tmp/wheels/pretrain_pipeline-*.whl \
     && pip check \
     && rm -rf /tmp/wheels
+WORKDIR /opt/airflow
 COPY --chown=airflow:0 dags /opt/airflow/dags
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags \
     AIRFLOW__CORE__LOAD_EXAMPLES=False \

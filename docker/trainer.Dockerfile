@@ -30,14 +30,17 @@ RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels 
 # Stage 2: the runtime image (no compilers); the CUDA runtime is linked statically into cuda_ext._C.
 FROM pytorch/pytorch:${TORCH_VERSION}-cuda${CUDA_VERSION}-cudnn9-runtime
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY requirements.lock /tmp/requirements.lock
-COPY --from=build /wheels /tmp/wheels
-# The training, tracking and tokenizer extras at their locked versions (-c); the lock's torch==2.13.0 is the
-# base image's torch (2.13.0+cu130 satisfies it), so pip keeps it.
-RUN pip install --no-cache-dir -c /tmp/requirements.lock \
-        "$(ls /tmp/wheels/pretrain_pipeline-*.whl)[train,tracking,tokenize]" \
-    && rm -rf /tmp/wheels /tmp/requirements.lock \
-    && python -c "import cuda_ext._C"
+WORKDIR /tmp/install
+# The training, tracking and tokenizer extras at their locked versions (-c), before the wheel, so code changes
+# reuse this layer. The lock's torch==2.13.0 is the base image's torch (2.13.0+cu130 satisfies it): pip keeps it.
+# (No `pip check`: the base image's conda packages are not ours to fix.)
+COPY requirements.lock setup.cfg docker/extras_requirements.py ./
+RUN python extras_requirements.py setup.cfg train tracking tokenize > runtime-requirements.txt \
+    && pip install --no-cache-dir -c requirements.lock -r runtime-requirements.txt
+COPY --from=build /wheels ./wheels
+RUN pip install --no-cache-dir --no-deps wheels/pretrain_pipeline-*.whl \
+    && rm -rf wheels \
+    && python -c "import cuda_ext._C as c; assert c.WITH_CUDA, 'cuda_ext was built without its CUDA kernels'"
 RUN useradd --create-home --uid 10001 --user-group pretrain \
     && mkdir /data \
     && chown pretrain:pretrain /data

@@ -99,6 +99,20 @@ def parse(path: Path) -> Dockerfile:
     return Dockerfile(path, global_args, stages)
 
 
+def shell_commands(script: str) -> list[list[str]]:
+    """The words of each simple command in a RUN line, split at `&&`, `||`, `;` and `|` outside quotes."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split = True
+    commands, words = [], []
+    for token in lexer:
+        if token and set(token) <= set(";&|<>"):
+            commands.append(words)
+            words = []
+        else:
+            words.append(token)
+    return [words for words in [*commands, words] if words]
+
+
 def pip_installs(stage: Stage) -> list[list[str]]:
     """The words after each `pip install` / `pip wheel` in the stage's RUN instructions, ARGs substituted."""
     args = {**stage.args}
@@ -110,8 +124,7 @@ def pip_installs(stage: Stage) -> list[list[str]]:
                 args[name] = default.strip('"')
         if keyword != "RUN":
             continue
-        for command in re.split(r"&&|;|\|\|", rest):
-            words = shlex.split(command)
+        for words in shell_commands(rest):
             for i, word in enumerate(words[:-1]):
                 if word == "pip" and words[i + 1] in ("install", "wheel"):
                     commands.append([substitute(w, args) for w in words[i + 2 :]])

@@ -5,6 +5,7 @@ multi-stage and its final stage runs as a non-root user, and the trainer builds 
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -35,8 +36,24 @@ NOT_PACKAGES = {
     "PYTHON": "the interpreter: setup.cfg's Python classifier",
     "CUDA": "the CUDA of torch's own wheels, which a lock of CPU wheels does not record",
 }
-# -r / -c files a pip command may read: the locks, or a file a RUN cut from the lock (grep).
-REQUIREMENT_FILES = {"requirements.lock", "requirements-services.lock", "build-requirements.txt"}
+# -r / -c files a pip command may read: the locks, a file a RUN cut from the lock (grep), or the extras'
+# requirements docker/extras_requirements.py prints from setup.cfg (only next to `-c requirements.lock`).
+REQUIREMENT_FILES = {
+    "requirements.lock",
+    "requirements-services.lock",
+    "build-requirements.txt",
+    "runtime-requirements.txt",
+}
+
+
+def load_extras_requirements():
+    spec = importlib.util.spec_from_file_location("extras_requirements", DOCKER / "extras_requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+extras_requirements = load_extras_requirements()
 
 
 def hadolint() -> str:
@@ -182,6 +199,34 @@ def test_pip_installs_only_locked_versions(path):
                     name, version = normalise(match[1]), match[3]
                     assert name in pins, f"pip install {word}: {name} is in neither lock file"
                     assert version == pins[name], f"pip install {word}: the lock pins {pins[name]}"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=IMAGE_NAMES.get)
+def test_extras_requirements_are_installed_under_the_lock(path):
+    """`-r runtime-requirements.txt` holds setup.cfg's ranges (torch==2.13.0, mlflow>=3,<4): the lock must pin
+    every one of them, in the same pip command, and every extra must exist."""
+    pins = read_lock(LOCK)
+    dockerfile = parse(path)
+    runs = " ".join(
+        rest for stage in dockerfile.stages for keyword, rest in stage.instructions if keyword == "RUN"
+    )
+    for words in (words for stage in dockerfile.stages for words in pip_installs(stage)):
+        if "runtime-requirements.txt" not in words:
+            continue
+        assert "requirements.lock" in words[words.index("-c") + 1], f"{path.name}: pip {' '.join(words)}"
+        (call,) = re.findall(r"python extras_requirements\.py setup\.cfg ([\w ]+?) >", runs)
+        for requirement in extras_requirements.requirements(str(ROOT / "setup.cfg"), call.split()):
+            name = normalise(re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0])
+            assert name in pins, (
+                f"{path.name}: {requirement} (extras {call}) is not pinned by requirements.lock"
+            )
+
+
+def test_extras_requirements_reads_setup_cfg():
+    found = extras_requirements.requirements(str(ROOT / "setup.cfg"), ["train"])
+    assert "torch==2.13.0" in found and "pydantic>=2.7" in found
+    with pytest.raises(SystemExit, match="unknown extras"):
+        extras_requirements.requirements(str(ROOT / "setup.cfg"), ["all"])
 
 
 def test_services_lock_adds_only_what_requirements_lock_lacks():
