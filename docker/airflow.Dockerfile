@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The Airflow image: the official apache/airflow image at the locked Airflow version, with this package, its
 # providers and the DAGs. With the LocalExecutor the tasks run the stages in the scheduler's container, so
-# the image carries the whole locked environment (CPU torch) and Java for spark-submit. Build from the
+# the image carries every stage's dependencies (CPU torch) and Java for spark-submit. Build from the
 # repository root:
 #   docker build -f docker/airflow.Dockerfile -t pretrain-airflow:0.1.0 .
 # "slim" is core Airflow only: every provider and library then comes from the lock, none from the image's
@@ -12,9 +12,12 @@ ARG PYTHON_VERSION=3.11
 # Stage 1: compile the package wheel (cuda_ext's CPU kernels need g++).
 FROM apache/airflow:slim-${AIRFLOW_VERSION}-python${PYTHON_VERSION} AS build
 USER 0
+# WORKDIR would create the folder as root; the airflow user writes build/ and egg-info/ there.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir /opt/airflow/src \
+    && chown 50000:0 /opt/airflow/src
 USER 50000:0
 WORKDIR /opt/airflow/src
 COPY --chown=airflow:0 requirements.lock ./
@@ -31,12 +34,13 @@ RUN PRETRAIN_BUILD_CUDA=0 pip wheel --no-cache-dir --no-deps --no-build-isolatio
 FROM apache/airflow:slim-${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 ARG AIRFLOW_VERSION
 USER 0
-# Java 17 for spark-submit (Spark stages under the LocalExecutor); /data is the shared data root.
+# Java 17 for spark-submit (Spark stages under the LocalExecutor); /data is the shared data root, and the
+# airflow user writes the extras' requirements list into /opt/airflow/requirements.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/* \
-    && mkdir /data \
-    && chown 50000:0 /data
+    && mkdir /data /opt/airflow/requirements \
+    && chown 50000:0 /data /opt/airflow/requirements
 USER 50000:0
 WORKDIR /opt/airflow/requirements
 # Every stage's extras and the providers at their locked versions (-c), plus the database drivers; before
