@@ -271,3 +271,23 @@ def test_airflow_image_carries_the_package_and_the_dags():
     installs = [" ".join(words) for words in pip_installs(final)]
     assert any("pretrain_pipeline-" in command for command in installs)
     assert any("requirements.lock" in command for command in installs)
+
+
+def test_dockerignore_sends_what_the_images_copy_and_nothing_big():
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "start from nothing, then allow what the Dockerfiles copy"
+    allowed = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
+    for path in DOCKERFILES:
+        for stage in parse(path).stages:
+            for keyword, rest in stage.instructions:
+                if keyword not in ("COPY", "ADD") or "--from=" in rest:
+                    continue
+                for source in [word for word in rest.split() if not word.startswith("--")][:-1]:
+                    assert any(source.rstrip("/") == a or source.startswith(a + "/") for a in allowed), (
+                        f"{path.name} copies {source}, which .dockerignore leaves out"
+                    )
+    assert "**/*.so" in lines  # a host-built cuda_ext/_C*.so must not shadow the image's own build
