@@ -156,10 +156,12 @@ def test_airflow_runs_the_local_executor_on_postgres_and_mlflow_on_postgres_and_
         assert services[name]["command"][0] == name.removeprefix("airflow-").replace(
             "apiserver", "api-server"
         )
-    mlflow = " ".join(services["mlflow"]["command"])
-    assert "--backend-store-uri=postgresql+psycopg2://" in mlflow and "@mlflow-db:5432/" in mlflow
-    assert "--serve-artifacts" in mlflow and "--artifacts-destination=s3://" in mlflow
-    assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
+    mlflow = services["mlflow"]["environment"]
+    assert "--serve-artifacts" in services["mlflow"]["command"]
+    assert mlflow["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://mlflow:")
+    assert mlflow["MLFLOW_BACKEND_STORE_URI"].endswith("@mlflow-db:5432/mlflow")
+    assert mlflow["MLFLOW_ARTIFACTS_DESTINATION"].startswith("s3://")
+    assert mlflow["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
 
 
 def test_every_service_is_healthchecked_or_waits_on_a_condition():
