@@ -1,4 +1,5 @@
-"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run.
+"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run; the job settings and the
+pod parts (command, environment, resources, volumes, labels) that the TrainJob renderer shares.
 
 The job runs the same entrypoint as the local launcher (`torchrun -m pipeline.train`) in the pipeline image.
 The resolved config travels inside the manifest (an environment variable the container writes to a file), so

@@ -54,7 +54,11 @@ def operator(tmp_path, **kwargs):
         snapshot="2026-11-29",
         config_path="",
         overrides=[f"project.data_root={tmp_path / 'data'}", "train.nnodes=2", "train.nproc_per_node=4"],
-        kubernetes_settings={"namespace": NAMESPACE, "image": "pretrain-pipeline:test"},
+        kubernetes_settings={
+            "namespace": NAMESPACE,
+            "image": "pretrain-pipeline:test",
+            "api": "pytorchjob-v1",
+        },
         poll_interval=0.01,
         **kwargs,
     )
@@ -225,7 +229,8 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
     from tests.dags.test_dagbag import DAGS_FOLDER
 
     monkeypatch.setenv(
-        "AIRFLOW_VAR_PRETRAIN_KUBERNETES", json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1})
+        "AIRFLOW_VAR_PRETRAIN_KUBERNETES",
+        json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1, "api": "pytorchjob-v1"}),
     )
     server.script = ["Succeeded"]  # the job finishes before the trigger's first poll, which waits 15 s
     dag = DagBag(str(DAGS_FOLDER)).dags["pretrain"]
