@@ -12,12 +12,15 @@ Trainer-specific field, type, bound, enum and `required` list stays as upstream.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 # Paths from the openAPIV3Schema root; `[]` steps into array items.
-_PATCH_POD = "spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs[].template.spec.template.spec"
+_PATCH_POD = (
+    "spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs[].template.spec.template.spec"
+)
 CORE_TYPED = {
     "TrainJob": [
         "status",  # written by the controller, never by us
@@ -82,7 +85,7 @@ def trim(crd: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     upstream, note = argv
-    (crd,) = [doc for doc in yaml.safe_load_all(open(upstream)) if doc]
+    (crd,) = [doc for doc in yaml.safe_load_all(Path(upstream).read_text()) if doc]
     sys.stdout.write(note.rstrip() + "\n---\n")
     yaml.safe_dump(trim(crd), sys.stdout, sort_keys=False, width=110)
     return 0
