@@ -32,8 +32,9 @@ class PyTorchJobOperator(PipelineOperator):
     task instance (dag, run, task, map index) and not from the try number, so a retry finds the job
     its previous try created and reattaches to it instead of creating a second one; a previous try's
     *failed* job is deleted and resubmitted. Unless ``train.run_id`` names the training run, the job's
-    name does (``train/<snapshot>/<job name>/``), so a resubmitted job resumes the run. When it finishes, the node-0 pod's log (v1: the Master) is copied into
-    the task log and the job is deleted or kept (``on_finish``). Killing the task deletes the job.
+    name does (``train/<snapshot>/<job name>/``), so a resubmitted job resumes the run. When it finishes,
+    the node-0 pod's log (v1: the Master's) is copied into the task log and the job is deleted or kept
+    (``on_finish``). Killing the task deletes the job.
 
     Cluster settings (image, namespace, PVC, GPUs, ...) come from ``KubernetesJobSettings`` defaults, then
     the JSON Airflow Variable ``pretrain_kubernetes``, then the ``kubernetes_settings`` argument.
@@ -66,9 +67,8 @@ class PyTorchJobOperator(PipelineOperator):
         self.kubernetes_settings = dict(kubernetes_settings or {})
         self.on_finish = on_finish
         self.poll_interval = poll_interval
-        self._job: tuple[str, str, str] | None = (
-            None  # (api, namespace, name) while this process watches a job
-        )
+        # (api, namespace, name) while this process watches a job
+        self._job: tuple[str, str, str] | None = None
         if not any(marker in str(launcher) for marker in ("{{", "{%")):
             self._checked_launcher()
 
@@ -131,9 +131,9 @@ class PyTorchJobOperator(PipelineOperator):
         return KubeflowJobClient(api_client_for(self.kubernetes_conn_id), namespace, job_api(api))
 
     def _start_kubernetes(self, config: PipelineConfig, context) -> str:
-        from operators.kubeflow.api import TRAINER_V2, job_api, job_state
-        from operators.kubeflow.manifest import job_name, render_pytorch_job
-        from operators.kubeflow.trainjob import render_train_job
+        from operators.kubeflow.api import job_api, job_state
+        from operators.kubeflow.manifest import job_name
+        from operators.kubeflow.trainjob import render_job
         from operators.kubeflow.trigger import TRIGGERS
 
         ti = context["ti"]
@@ -143,9 +143,8 @@ class PyTorchJobOperator(PipelineOperator):
         config = config.with_run(config.train.run_id or name)
         settings = self.job_settings()
         api = job_api(settings.api)
-        render = render_train_job if api is TRAINER_V2 else render_pytorch_job
         lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
-        manifest = render(
+        manifest = render_job(
             config,
             name=name,
             snapshot=self.snapshot,

@@ -9,9 +9,8 @@ import sys
 
 import yaml
 
-from operators.kubeflow.api import TRAINER_V2
-from operators.kubeflow.manifest import KubernetesJobSettings, render_pytorch_job
-from operators.kubeflow.trainjob import render_train_job
+from operators.kubeflow.manifest import KubernetesJobSettings
+from operators.kubeflow.trainjob import render_job
 from pipeline.core.lineage import Lineage
 from pipeline.entrypoint import add_input_stage_argument, resolve, stage_parser
 
@@ -43,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config, snapshot = resolve(args)
     settings = KubernetesJobSettings().merged(json.loads(args.settings))
-    render = render_train_job if settings.api == TRAINER_V2.name else render_pytorch_job
-    job = render(
+    job = render_job(
         config,
         name=args.name,
         snapshot=snapshot,

@@ -25,13 +25,12 @@ from typing import Any
 
 import yaml
 
-from operators.kubeflow.api import DEFAULT_API, PYTORCHJOB_V1, job_api, job_state
+from operators.kubeflow.api import DEFAULT_API, PYTORCHJOB_V1, job_api
+from operators.kubeflow.api import job_state as job_state  # re-exported for the v1 path's callers
 from pipeline.config import PipelineConfig
 from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.lineage import Lineage
 from pipeline.stages import stage as registered_stage
-
-__all__ = ["job_state"]  # re-exported: callers of the v1 path read a job's state from here
 
 GROUP = PYTORCHJOB_V1.group
 VERSION = PYTORCHJOB_V1.version
@@ -464,8 +463,3 @@ def validate_pytorch_job(job: Mapping[str, Any], crd_path: Path = CRD_PATH) -> N
         raise InvalidManifestError(
             f"PyTorchJob {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(errors)
         )
-
-
-# --- status -----------------------------------------------------------------------------------------
-
-TERMINAL_STATES = PYTORCHJOB_V1.terminal_states

@@ -41,6 +41,7 @@ from operators.kubeflow.manifest import (
     job_metadata,
     node_resources,
     pod_errors,
+    render_pytorch_job,
     scheduling,
 )
 from pipeline.config import PipelineConfig
@@ -193,6 +194,23 @@ def render_train_job(
     return job
 
 
+def render_job(
+    config: PipelineConfig,
+    *,
+    name: str,
+    snapshot: str,
+    input_stage: str | None = None,
+    settings: KubernetesJobSettings | None = None,
+    lineage: Lineage | None = None,
+) -> dict[str, Any]:
+    """The job the kubernetes setting ``api`` asks for: a TrainJob (trainer-v2) or a PyTorchJob (pytorchjob-v1)."""
+    settings = settings or KubernetesJobSettings()
+    render = render_train_job if settings.api == TRAINER_V2.name else render_pytorch_job
+    return render(
+        config, name=name, snapshot=snapshot, input_stage=input_stage, settings=settings, lineage=lineage
+    )
+
+
 # --- the runtime ------------------------------------------------------------------------------------
 
 
@@ -295,7 +313,11 @@ def node_pod(job: Mapping[str, Any], runtime: Mapping[str, Any] | None = None) -
                         target = [c for c in containers if c.get("name") == container_patch.get("name")]
                         for name, patched in container_patch.items():
                             if target and name != "name":
-                                target[0][name] = _by_name(target[0].get(name), patched)
+                                target[0][name] = (
+                                    _by_name(target[0].get(name), patched)
+                                    if isinstance(patched, list)
+                                    else copy.deepcopy(patched)
+                                )
                 elif key == "volumes":
                     pod[key] = _by_name(pod.get(key), value)
                 else:
