@@ -65,15 +65,15 @@ TORCHRUN_RESERVED_ENV = (
 ELASTIC_UNSUPPORTED = (
     "Kubeflow Trainer v2 runs a fixed number of nodes (v2.2 removed the torch ElasticPolicy)"
 )
-# Settings of the v1 path that a TrainJob has no field for, and what decides them under trainer-v2.
+# Settings of the v1 path that a TrainJob has no field for, and what stands for them under trainer-v2.
 RUNTIME_OWNED = {
-    "max_restarts": "the runtime's JobSet failurePolicy.maxRestarts (whole-group restarts)",
-    "restart_policy": "the runtime's node pods (restartPolicy Never: a failure restarts the whole group)",
-    "backoff_limit": "the runtime's node Job backoffLimit",
-    "image_pull_policy": "the runtime's node container imagePullPolicy",
-    "rdzv_port": "the Trainer (PET_MASTER_PORT 29500)",
-    "clean_pod_policy": "nothing: the pods stay until the TrainJob is deleted (on_finish)",
-    "ttl_seconds_after_finished": "nothing: a TrainJob has no TTL; the operator deletes it (on_finish)",
+    "max_restarts": "the runtime's JobSet failurePolicy.maxRestarts decides (whole-group restarts)",
+    "restart_policy": "the runtime's node pods decide (restartPolicy Never: a failure restarts the group)",
+    "backoff_limit": "the runtime's node Job backoffLimit decides",
+    "image_pull_policy": "the runtime's node container imagePullPolicy decides",
+    "rdzv_port": "the Trainer fixes the port (PET_MASTER_PORT 29500)",
+    "clean_pod_policy": "there is none: the pods stay until the TrainJob is deleted (on_finish)",
+    "ttl_seconds_after_finished": "there is none: the operator deletes finished TrainJobs (on_finish)",
 }
 
 
@@ -84,7 +84,7 @@ def unsupported_settings(config: PipelineConfig, settings: KubernetesJobSettings
     if config.train.min_nnodes is not None and config.train.min_nnodes != nodes:
         problems.append(
             f"train.min_nnodes={config.train.min_nnodes}: {ELASTIC_UNSUPPORTED}; leave it unset "
-            "(or set kubernetes api=pytorchjob-v1)"
+            "(kubernetes api=pytorchjob-v1 takes an elastic range from the settings min_nodes/max_nodes)"
         )
     for key in ("min_nodes", "max_nodes"):
         value = getattr(settings, key)
@@ -99,7 +99,7 @@ def unsupported_settings(config: PipelineConfig, settings: KubernetesJobSettings
         if value != getattr(defaults, key):
             problems.append(
                 f"kubernetes setting {key}={value!r}: a TrainJob has no field for it; under api=trainer-v2 "
-                f"it is decided by {decided_by}. Leave it at its default, change the ClusterTrainingRuntime "
+                f"{decided_by}. Leave it at its default, change the ClusterTrainingRuntime "
                 f"{settings.runtime_name!r}, or set kubernetes api=pytorchjob-v1"
             )
     reserved = sorted(set(settings.env) & set(TORCHRUN_RESERVED_ENV))

@@ -188,7 +188,7 @@ def test_what_a_trainjob_cannot_express_fails_naming_each_setting():
     assert "kubernetes setting min_nodes=1: Kubeflow Trainer v2 runs a fixed number of nodes" in message
     assert "kubernetes setting max_nodes=4" in message
     assert "kubernetes setting restart_policy='Never': a TrainJob has no field for it" in message
-    assert "ttl_seconds_after_finished=60" in message and "a TrainJob has no TTL" in message
+    assert "ttl_seconds_after_finished=60" in message and "the operator deletes finished TrainJobs" in message
     assert message.count("api=pytorchjob-v1") == 5  # each names the way out
     for key, value in (("max_restarts", 5), ("rdzv_port", 29400), ("image_pull_policy", "Always")):
         with pytest.raises(
