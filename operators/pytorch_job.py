@@ -1,4 +1,4 @@
-"""Launch distributed training: torchrun on this worker, or a Kubeflow PyTorchJob on Kubernetes."""
+"""Launch distributed training: torchrun on this worker, or a Kubeflow job (TrainJob or PyTorchJob) on Kubernetes."""
 
 from __future__ import annotations
 
@@ -19,19 +19,22 @@ SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
 class PyTorchJobOperator(PipelineOperator):
-    """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow PyTorchJob.
+    """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow job on Kubernetes.
 
     ``launcher="local"`` trains as `pretrain train` does (the same run: new, resumed or ``train.run_id``,
     under its lock) with torchrun as a child process in its own process group, streams every rank's output
     into the task log, and kills the whole group (agent and workers) when the task is killed.
 
-    ``launcher="kubernetes"`` renders a ``kubeflow.org/v1`` PyTorchJob (see ``operators.kubeflow``), creates
-    it, and defers to a trigger that polls the job's conditions. The job's name is derived from the
+    ``launcher="kubernetes"`` renders, by the kubernetes setting ``api``, a Kubeflow Trainer v2 ``TrainJob``
+    (``trainer-v2``, the default; ``operators.kubeflow.trainjob``) or a legacy ``kubeflow.org/v1`` PyTorchJob
+    (``pytorchjob-v1``; ``operators.kubeflow.manifest``), creates it, and defers to a trigger that polls the
+    job's conditions. Both go through the same steps below. The job's name is derived from the
     task instance (dag, run, task, map index) and not from the try number, so a retry finds the job
     its previous try created and reattaches to it instead of creating a second one; a previous try's
     *failed* job is deleted and resubmitted. Unless ``train.run_id`` names the training run, the job's
-    name does (``train/<snapshot>/<job name>/``), so a resubmitted job resumes the run. When it finishes, the master pod's log is copied into the task
-    log and the job is deleted or kept (``on_finish``). Killing the task deletes the job.
+    name does (``train/<snapshot>/<job name>/``), so a resubmitted job resumes the run. When it finishes,
+    the node-0 pod's log (v1: the Master's) is copied into the task log and the job is deleted or kept
+    (``on_finish``). Killing the task deletes the job.
 
     Cluster settings (image, namespace, PVC, GPUs, ...) come from ``KubernetesJobSettings`` defaults, then
     the JSON Airflow Variable ``pretrain_kubernetes``, then the ``kubernetes_settings`` argument.
@@ -64,7 +67,8 @@ class PyTorchJobOperator(PipelineOperator):
         self.kubernetes_settings = dict(kubernetes_settings or {})
         self.on_finish = on_finish
         self.poll_interval = poll_interval
-        self._job: tuple[str, str] | None = None  # (namespace, name) while this process watches a job
+        # (api, namespace, name) while this process watches a job
+        self._job: tuple[str, str, str] | None = None
         if not any(marker in str(launcher) for marker in ("{{", "{%")):
             self._checked_launcher()
 
@@ -120,14 +124,17 @@ class PyTorchJobOperator(PipelineOperator):
             )
         return settings
 
-    def job_client(self, namespace: str):
-        from operators.kubeflow.client import PyTorchJobClient, api_client_for
+    def job_client(self, namespace: str, api: str):
+        from operators.kubeflow.api import job_api
+        from operators.kubeflow.client import KubeflowJobClient, api_client_for
 
-        return PyTorchJobClient(api_client_for(self.kubernetes_conn_id), namespace)
+        return KubeflowJobClient(api_client_for(self.kubernetes_conn_id), namespace, job_api(api))
 
     def _start_kubernetes(self, config: PipelineConfig, context) -> str:
-        from operators.kubeflow.manifest import job_name, job_state, render_pytorch_job
-        from operators.kubeflow.trigger import PyTorchJobTrigger
+        from operators.kubeflow.api import job_api, job_state
+        from operators.kubeflow.manifest import job_name
+        from operators.kubeflow.trainjob import render_job
+        from operators.kubeflow.trigger import TRIGGERS
 
         ti = context["ti"]
         name = job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
@@ -135,8 +142,9 @@ class PyTorchJobOperator(PipelineOperator):
         # resubmits the job resumes it and execute_complete knows where the output is.
         config = config.with_run(config.train.run_id or name)
         settings = self.job_settings()
+        api = job_api(settings.api)
         lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
-        manifest = render_pytorch_job(
+        manifest = render_job(
             config,
             name=name,
             snapshot=self.snapshot,
@@ -144,43 +152,47 @@ class PyTorchJobOperator(PipelineOperator):
             settings=settings,
             lineage=lineage,
         )
-        client = self.job_client(settings.namespace)
-        self._job = (settings.namespace, name)
+        client = self.job_client(settings.namespace, api.name)
+        self._job = (api.name, settings.namespace, name)
+        job = (api.kind, settings.namespace, name)  # for the log lines
         existing = client.get(name)
-        state, message = job_state(existing)
+        state, message = job_state(existing, api)
         if existing is not None and existing.get("metadata", {}).get("deletionTimestamp"):
-            self.log.info(
-                "PyTorchJob %s/%s of an earlier try is being deleted; waiting to resubmit", *self._job
-            )
+            self.log.info("%s %s/%s of an earlier try is being deleted; waiting to resubmit", *job)
             client.wait_deleted(name)
             existing = None
-        if existing is not None and state == "Failed":
-            self.log.warning(
-                "PyTorchJob %s/%s of an earlier try failed (%s); resubmitting", *self._job, message
-            )
+        if existing is not None and state == api.failed:
+            self.log.warning("%s %s/%s of an earlier try failed (%s); resubmitting", *job, message)
             client.delete(name)
             client.wait_deleted(name)
             existing = None
         if existing is None:
             if client.create(manifest) is None:
-                self.log.info("PyTorchJob %s/%s was created concurrently; attaching to it", *self._job)
+                self.log.info("%s %s/%s was created concurrently; attaching to it", *job)
             else:
                 self.log.info(
-                    "created PyTorchJob %s/%s: %d node(s) x %s process(es), image %s",
-                    *self._job,
+                    "created %s %s/%s: %d node(s) x %s process(es), image %s",
+                    *job,
                     config.train.nnodes,
                     config.train.nproc_per_node,
                     settings.image,
                 )
-        elif state == "Succeeded":
-            self.log.info("PyTorchJob %s/%s already succeeded in an earlier try", *self._job)
+        elif state == api.succeeded:
+            self.log.info("%s %s/%s already succeeded in an earlier try", *job)
             return self.execute_complete(
-                context, {"name": name, "namespace": settings.namespace, "state": state, "message": message}
+                context,
+                {
+                    "name": name,
+                    "namespace": settings.namespace,
+                    "api": api.name,
+                    "state": state,
+                    "message": message,
+                },
             )
         else:
-            self.log.info("reattaching to PyTorchJob %s/%s (%s) created by an earlier try", *self._job, state)
+            self.log.info("reattaching to %s %s/%s (%s) created by an earlier try", *job, state)
         self.defer(
-            trigger=PyTorchJobTrigger(
+            trigger=TRIGGERS[api.name](
                 name=name,
                 namespace=settings.namespace,
                 kubernetes_conn_id=self.kubernetes_conn_id,
@@ -190,24 +202,27 @@ class PyTorchJobOperator(PipelineOperator):
         )
 
     def execute_complete(self, context, event: dict[str, Any]) -> str:
+        from operators.kubeflow.api import PYTORCHJOB_V1, job_api
+
         name, namespace, state = event["name"], event["namespace"], event["state"]
-        self._job = (namespace, name)
-        client = self.job_client(namespace)
+        api = job_api(event.get("api", PYTORCHJOB_V1.name))  # a v1 trigger deferred before v2 sent no api
+        self._job = (api.name, namespace, name)
+        client = self.job_client(namespace, api.name)
         if state != "Missing":
-            logs = client.master_logs(name)
-            self.log.info("---- master log of PyTorchJob %s/%s ----", namespace, name)
+            logs = client.node0_logs(name)
+            self.log.info("---- node-0 log of %s %s/%s ----", api.kind, namespace, name)
             for line in logs.splitlines():
                 self.log.info("%s", line)
-            self.log.info("---- end of master log ----")
-        succeeded = state == "Succeeded"
+            self.log.info("---- end of node-0 log ----")
+        succeeded = state == api.succeeded
         if self.on_finish == "delete" or (self.on_finish == "delete_succeeded" and succeeded):
             client.delete(name)
-            self.log.info("deleted PyTorchJob %s/%s", namespace, name)
+            self.log.info("deleted %s %s/%s", api.kind, namespace, name)
         elif state != "Missing":
-            self.log.info("kept PyTorchJob %s/%s (on_finish=%s)", namespace, name, self.on_finish)
+            self.log.info("kept %s %s/%s (on_finish=%s)", api.kind, namespace, name, self.on_finish)
         self._job = None
         if not succeeded:
-            raise AirflowException(f"PyTorchJob {namespace}/{name} ended {state}: {event.get('message', '')}")
+            raise AirflowException(f"{api.kind} {namespace}/{name} ended {state}: {event.get('message', '')}")
         config = self._config()
         train = DatasetRef.of(config.with_run(config.train.run_id or name), "train", self.snapshot)
         if not train.is_complete():
@@ -220,6 +235,7 @@ class PyTorchJobOperator(PipelineOperator):
     def on_kill(self) -> None:
         super().on_kill()
         if self._job is not None:
-            namespace, name = self._job
-            if self.job_client(namespace).delete(name):
-                self.log.info("task killed: deleted PyTorchJob %s/%s", namespace, name)
+            api, namespace, name = self._job
+            client = self.job_client(namespace, api)
+            if client.delete(name):
+                self.log.info("task killed: deleted %s %s/%s", client.api.kind, namespace, name)

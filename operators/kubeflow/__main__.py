@@ -1,4 +1,5 @@
-"""Print the PyTorchJob the Kubernetes launcher would create for a snapshot (YAML, validated)."""
+"""Print the job the Kubernetes launcher would create for a snapshot (YAML, validated): a TrainJob, or a
+PyTorchJob with the setting "api": "pytorchjob-v1"."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 
 import yaml
 
-from operators.kubeflow.manifest import KubernetesJobSettings, render_pytorch_job
+from operators.kubeflow.manifest import KubernetesJobSettings
+from operators.kubeflow.trainjob import render_job
 from pipeline.core.lineage import Lineage
 from pipeline.entrypoint import add_input_stage_argument, resolve, stage_parser
 
@@ -34,12 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         "--settings",
         default="{}",
         metavar="JSON",
-        help='Kubernetes settings, e.g. \'{"image": "registry/pretrain:1", "namespace": "ml"}\'',
+        help='Kubernetes settings, e.g. \'{"image": "registry/pretrain:1", "namespace": "ml", '
+        '"api": "pytorchjob-v1"}\'',
     )
     args = parser.parse_args(argv)
     config, snapshot = resolve(args)
     settings = KubernetesJobSettings().merged(json.loads(args.settings))
-    job = render_pytorch_job(
+    job = render_job(
         config,
         name=args.name,
         snapshot=snapshot,

@@ -1,4 +1,7 @@
-"""The four Kubernetes API calls the PyTorchJob launcher makes: create, read and delete the job, read logs.
+"""The four Kubernetes API calls the Kubernetes launcher makes: create, read and delete the job, read logs.
+
+The same calls for a v1 PyTorchJob and a v2 TrainJob; ``api`` (``operators.kubeflow.api``) says which
+resource and which pod is node 0.
 
 Synchronous (the operator, in a worker) through the `kubernetes` client; the trigger polls with the
 async client of the same connection (see ``trigger.py``).
@@ -14,7 +17,7 @@ from typing import Any
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
 
-from operators.kubeflow.manifest import CONTAINER_NAME, GROUP, JOB_NAME_LABEL, JOB_ROLE_LABEL, PLURAL, VERSION
+from operators.kubeflow.api import PYTORCHJOB_V1, JobApi
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +29,10 @@ def api_client_for(conn_id: str) -> ApiClient:
     return KubernetesHook(conn_id=conn_id).get_conn()
 
 
-class PyTorchJobClient:
-    def __init__(self, api_client: ApiClient, namespace: str) -> None:
+class KubeflowJobClient:
+    def __init__(self, api_client: ApiClient, namespace: str, api: JobApi = PYTORCHJOB_V1) -> None:
         self.namespace = namespace
+        self.api = api
         self.custom = CustomObjectsApi(api_client)
         self.core = CoreV1Api(api_client)
 
@@ -36,7 +40,7 @@ class PyTorchJobClient:
         """Create the job; None when one with that name already exists (another try created it)."""
         try:
             return self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, dict(manifest)
+                self.api.group, self.api.version, self.namespace, self.api.plural, dict(manifest)
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -45,7 +49,9 @@ class PyTorchJobClient:
 
     def get(self, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+            return self.custom.get_namespaced_custom_object(
+                self.api.group, self.api.version, self.namespace, self.api.plural, name
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -55,10 +61,10 @@ class PyTorchJobClient:
         """Delete the job and, in the background, its pods and services; False when it was already gone."""
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP,
-                VERSION,
+                self.api.group,
+                self.api.version,
                 self.namespace,
-                PLURAL,
+                self.api.plural,
                 name,
                 body=V1DeleteOptions(propagation_policy="Background"),
             )
@@ -74,24 +80,32 @@ class PyTorchJobClient:
         while self.get(name) is not None:
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"PyTorchJob {self.namespace}/{name} still exists {timeout_s:.0f}s after delete"
+                    f"{self.api.kind} {self.namespace}/{name} still exists {timeout_s:.0f}s after delete"
                 )
             time.sleep(poll_s)
 
-    def master_logs(self, name: str, tail_lines: int | None = 5000) -> str:
-        """The `pytorch` container's log of the job's Master pod ('' when the pod is gone)."""
+    def node0_logs(self, name: str, tail_lines: int | None = 5000) -> str:
+        """The training container's log of the job's node-0 pod (rank 0: the v1 Master, the v2 node 0), '' when
+        the pod is gone. After a restart of the group, the newest such pod."""
         pods = self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"{JOB_NAME_LABEL}={name},{JOB_ROLE_LABEL}=master"
+            self.namespace, label_selector=self.api.node0_selector(name)
         ).items
         if not pods:
             return ""
-        pod = sorted(pods, key=lambda p: p.metadata.name)[0]
+        pod = max(
+            pods,
+            key=lambda p: (
+                p.metadata.creation_timestamp is not None,
+                p.metadata.creation_timestamp,
+                p.metadata.name,
+            ),
+        )
         try:
             # Raw bytes: the client's own str decoding of log bodies is not reliable across versions.
             response = self.core.read_namespaced_pod_log(
                 pod.metadata.name,
                 self.namespace,
-                container=CONTAINER_NAME,
+                container=self.api.container,
                 tail_lines=tail_lines,
                 _preload_content=False,
             )

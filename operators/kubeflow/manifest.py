@@ -1,4 +1,5 @@
-"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run.
+"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run; the job settings and the
+pod parts (command, environment, resources, volumes, labels) that the TrainJob renderer shares.
 
 The job runs the same entrypoint as the local launcher (`torchrun -m pipeline.train`) in the pipeline image.
 The resolved config travels inside the manifest (an environment variable the container writes to a file), so
@@ -24,20 +25,21 @@ from typing import Any
 
 import yaml
 
+from operators.kubeflow.api import DEFAULT_API, PYTORCHJOB_V1, job_api
+from operators.kubeflow.api import job_state as job_state  # re-exported for the v1 path's callers
 from pipeline.config import PipelineConfig
 from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.lineage import Lineage
 from pipeline.stages import stage as registered_stage
 
-GROUP = "kubeflow.org"
-VERSION = "v1"
-PLURAL = "pytorchjobs"
-KIND = "PyTorchJob"
-CONTAINER_NAME = "pytorch"  # the training-operator finds the training container by this name
-PORT_NAME = "pytorchjob-port"  # ... and the rendezvous port by this one
-CRD_PATH = PROJECT_ROOT / "docker" / "k8s" / "crds" / "kubeflow.org_pytorchjobs.yaml"
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+GROUP = PYTORCHJOB_V1.group
+VERSION = PYTORCHJOB_V1.version
+PLURAL = PYTORCHJOB_V1.plural
+KIND = PYTORCHJOB_V1.kind
+CONTAINER_NAME = PYTORCHJOB_V1.container
+PORT_NAME = "pytorchjob-port"  # the training-operator finds the rendezvous port by this name
+K8S_DIR = PROJECT_ROOT / "docker" / "k8s"
+CRD_PATH = K8S_DIR / "crds" / "kubeflow.org_pytorchjobs.yaml"
 CONFIG_ENV = "PRETRAIN_CONFIG_YAML"
 CONFIG_FILE_IN_POD = "/tmp/pretrain-config.yaml"
 
@@ -48,13 +50,18 @@ _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 class InvalidManifestError(ValueError):
-    """The rendered PyTorchJob would be rejected by the API server or the training-operator."""
+    """The rendered job would be rejected by the API server or the Kubeflow controller, or cannot express
+    the settings asked for."""
 
 
 @dataclass(frozen=True)
 class KubernetesJobSettings:
     """Where and how the job runs on the cluster. Defaults suit one GPU per process on NVIDIA nodes."""
 
+    api: str = DEFAULT_API
+    """trainer-v2: a Kubeflow Trainer v2 TrainJob; pytorchjob-v1: a legacy training-operator PyTorchJob."""
+    runtime_name: str = "pretrain-torch-distributed"
+    """trainer-v2: the ClusterTrainingRuntime the TrainJob references (docker/k8s/torch-distributed-runtime.yaml)."""
     image: str = "pretrain-pipeline:latest"
     image_pull_policy: str = "IfNotPresent"
     namespace: str = "default"
@@ -86,6 +93,9 @@ class KubernetesJobSettings:
     )
     """Extra container environment; the defaults are the NCCL settings."""
 
+    def __post_init__(self) -> None:
+        job_api(self.api)  # an unknown api fails here, naming the setting
+
     def merged(self, values: Mapping[str, Any] | None) -> KubernetesJobSettings:
         """A copy with some settings replaced (from operator kwargs or an Airflow Variable); unknown keys fail."""
         values = dict(values or {})
@@ -111,9 +121,10 @@ def label_value(value: Any) -> str:
     return _LABEL_VALUE.sub("_", str(value))[:63].strip("_.-")
 
 
-def _container_command(snapshot: str, input_stage: str, nproc_per_node: int, nodes: int) -> list[str]:
-    # torchrun takes the rendezvous (PET_NNODES, PET_RDZV_*, PET_MAX_RESTARTS) from the environment the
-    # training-operator sets for elastic jobs; a one-node job needs no rendezvous at all.
+def container_command(snapshot: str, input_stage: str, nproc_per_node: int, nodes: int) -> list[str]:
+    # torchrun takes the rendezvous from the PET_* environment the Kubeflow controller sets (v1: PET_NNODES,
+    # PET_RDZV_* and PET_MAX_RESTARTS of the elastic policy; v2: PET_NNODES, PET_NODE_RANK and
+    # PET_MASTER_ADDR/PORT for a static rendezvous); a one-node job needs no rendezvous at all.
     rendezvous = "--standalone " if nodes == 1 else ""
     script = (
         f'printf "%s" "${CONFIG_ENV}" > {CONFIG_FILE_IN_POD} && '
@@ -123,18 +134,9 @@ def _container_command(snapshot: str, input_stage: str, nproc_per_node: int, nod
     return ["/bin/sh", "-c", script, "pretrain-train", snapshot, input_stage]
 
 
-def _pod_template(
-    config: PipelineConfig,
-    settings: KubernetesJobSettings,
-    *,
-    name: str,
-    snapshot: str,
-    input_stage: str,
-    lineage: Lineage,
-    labels: dict[str, str],
-) -> dict[str, Any]:
-    nproc = config.train.nproc_per_node
-    gpus = nproc if settings.gpus_per_node is None else settings.gpus_per_node
+def node_resources(settings: KubernetesJobSettings, nproc_per_node: int) -> dict[str, dict[str, Any]]:
+    """Each node's (pod's) requests and limits: CPU, memory and nvidia.com/gpu, one GPU per process by default."""
+    gpus = nproc_per_node if settings.gpus_per_node is None else settings.gpus_per_node
     resources: dict[str, dict[str, Any]] = {
         "requests": {"cpu": settings.cpu, "memory": settings.memory},
         "limits": {"memory": settings.memory},
@@ -142,6 +144,13 @@ def _pod_template(
     if gpus:
         resources["requests"]["nvidia.com/gpu"] = gpus
         resources["limits"]["nvidia.com/gpu"] = gpus
+    return resources
+
+
+def container_env(
+    config: PipelineConfig, settings: KubernetesJobSettings, *, name: str, lineage: Lineage
+) -> list[dict[str, str]]:
+    """The training container's environment: NCCL settings, lineage, the run's name and the whole config."""
     env = {
         **settings.env,
         **lineage.to_env(),
@@ -149,59 +158,48 @@ def _pod_template(
         "PRETRAIN_RUN_ID": name,
         CONFIG_ENV: config.to_yaml(),
     }
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": CONTAINER_NAME,
-                "image": settings.image,
-                "imagePullPolicy": settings.image_pull_policy,
-                "command": _container_command(snapshot, input_stage, nproc, config.train.nnodes),
-                "env": [{"name": key, "value": str(value)} for key, value in env.items()],
-                "ports": [{"name": PORT_NAME, "containerPort": settings.rdzv_port, "protocol": "TCP"}],
-                "resources": resources,
-                "volumeMounts": [
-                    {"name": "data", "mountPath": config.project.data_root},
-                    {"name": "dshm", "mountPath": "/dev/shm"},
-                ],
-            }
-        ],
-        "volumes": [
-            {"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
-        ],
-    }
+    return [{"name": key, "value": str(value)} for key, value in env.items()]
+
+
+def data_volumes(settings: KubernetesJobSettings) -> list[dict[str, Any]]:
+    """The shared data/checkpoint volume (a PVC) and a memory-backed /dev/shm for the data loader and NCCL."""
+    return [
+        {"name": "data", "persistentVolumeClaim": {"claimName": settings.pvc_name}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+    ]
+
+
+def data_volume_mounts(config: PipelineConfig) -> list[dict[str, str]]:
+    return [
+        {"name": "data", "mountPath": config.project.data_root},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+
+
+def scheduling(settings: KubernetesJobSettings) -> dict[str, Any]:
+    """Pod spec fields for where the pods run and as whom: node selector, tolerations, service account."""
+    spec: dict[str, Any] = {}
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if settings.tolerations:
         spec["tolerations"] = copy.deepcopy(settings.tolerations)
     if settings.service_account_name:
         spec["serviceAccountName"] = settings.service_account_name
-    return {"metadata": {"labels": dict(labels)}, "spec": spec}
+    return spec
 
 
-def render_pytorch_job(
-    config: PipelineConfig,
-    *,
-    name: str,
-    snapshot: str,
-    input_stage: str | None = None,
-    settings: KubernetesJobSettings | None = None,
-    lineage: Lineage | None = None,
-) -> dict[str, Any]:
-    """The PyTorchJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot.
-
-    One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
-    (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
-    """
-    input_stage = input_stage or registered_stage("train").default_input
-    settings = settings or KubernetesJobSettings()
-    lineage = lineage or Lineage()
+def check_data_root(config: PipelineConfig) -> None:
     if "://" in config.project.data_root:
         raise InvalidManifestError(
             f"project.data_root {config.project.data_root!r} is a URI; the Kubernetes launcher mounts a "
             "PersistentVolumeClaim at project.data_root, so it must be a local path"
         )
-    nodes = config.train.nnodes
+
+
+def job_metadata(
+    config: PipelineConfig, snapshot: str, lineage: Lineage
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) of the job and its pods: what it trains, for whom (lineage), with which config."""
     labels = {
         "app.kubernetes.io/name": "pretrain-pipeline",
         "app.kubernetes.io/component": "train",
@@ -225,6 +223,59 @@ def render_pytorch_job(
             f"pp={train.pipeline_stages} x dp={ranks // train.pipeline_stages}, {train.pipeline_schedule}, "
             f"microbatches={train.pipeline_microbatches}, stages_per_rank={train.stages_per_rank}"
         )
+    return labels, annotations
+
+
+def _pod_template(
+    config: PipelineConfig,
+    settings: KubernetesJobSettings,
+    *,
+    name: str,
+    snapshot: str,
+    input_stage: str,
+    lineage: Lineage,
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    nproc = config.train.nproc_per_node
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": settings.image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": container_command(snapshot, input_stage, nproc, config.train.nnodes),
+                "env": container_env(config, settings, name=name, lineage=lineage),
+                "ports": [{"name": PORT_NAME, "containerPort": settings.rdzv_port, "protocol": "TCP"}],
+                "resources": node_resources(settings, nproc),
+                "volumeMounts": data_volume_mounts(config),
+            }
+        ],
+        "volumes": data_volumes(settings),
+        **scheduling(settings),
+    }
+    return {"metadata": {"labels": dict(labels)}, "spec": spec}
+
+
+def render_pytorch_job(
+    config: PipelineConfig,
+    *,
+    name: str,
+    snapshot: str,
+    input_stage: str | None = None,
+    settings: KubernetesJobSettings | None = None,
+    lineage: Lineage | None = None,
+) -> dict[str, Any]:
+    """The PyTorchJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot.
+
+    One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
+    (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
+    """
+    input_stage = input_stage or registered_stage("train").default_input
+    settings = settings or KubernetesJobSettings()
+    lineage = lineage or Lineage()
+    check_data_root(config)
+    nodes = config.train.nnodes
+    labels, annotations = job_metadata(config, snapshot, lineage)
     template = _pod_template(
         config,
         settings,
@@ -297,55 +348,82 @@ def _strict(schema: Any) -> Any:
 
 
 @functools.cache
-def crd_schema(path: Path = CRD_PATH) -> dict[str, Any]:
-    """The v1 openAPIV3Schema of the PyTorchJob CRD, as strict JSON Schema."""
+def crd_schema(path: Path = CRD_PATH, version: str = VERSION) -> dict[str, Any]:
+    """The openAPIV3Schema of one version of a vendored CRD (the PyTorchJob's by default), as strict JSON Schema."""
     documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     (crd,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == VERSION]
-    return _strict(version["schema"]["openAPIV3Schema"])
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return _strict(served["schema"]["openAPIV3Schema"])
 
 
-def crd_errors(job: Mapping[str, Any], path: Path = CRD_PATH) -> list[str]:
+def crd_errors(job: Mapping[str, Any], path: Path = CRD_PATH, version: str = VERSION) -> list[str]:
     import jsonschema
 
-    validator = jsonschema.Draft7Validator(crd_schema(path), format_checker=jsonschema.FormatChecker())
+    validator = jsonschema.Draft7Validator(
+        crd_schema(path, version), format_checker=jsonschema.FormatChecker()
+    )
     return [
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
         for error in sorted(validator.iter_errors(dict(job)), key=lambda e: list(map(str, e.absolute_path)))
     ]
 
 
-def core_type_errors(job: Mapping[str, Any], kubernetes_version: str | None = None) -> list[str]:
-    """Validate each replica's pod template as a core/v1 Pod with kubernetes-validate (strict)."""
+def pod_errors(
+    pod_spec: Mapping[str, Any],
+    *,
+    name: str,
+    where: str,
+    metadata: Mapping[str, Any] | None = None,
+    kubernetes_version: str | None = None,
+) -> list[str]:
+    """A pod spec as a core/v1 Pod, checked with kubernetes-validate (strict); errors read ``where.spec...``."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **(metadata or {})},
+        "spec": dict(pod_spec),
+    }
+    return core_errors(pod, where=where, kubernetes_version=kubernetes_version)
+
+
+def core_errors(
+    document: Mapping[str, Any], *, where: str, kubernetes_version: str | None = None
+) -> list[str]:
+    """A core Kubernetes object checked with kubernetes-validate (strict); its error reads ``where.<path>``."""
     import kubernetes_validate
 
     version = kubernetes_version or kubernetes_validate.latest_version()
+    try:
+        kubernetes_validate.validate(dict(document), version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{'.'.join([where, *map(str, exc.absolute_path)])}: {exc.message}"]
+    return []
+
+
+def core_type_errors(job: Mapping[str, Any], kubernetes_version: str | None = None) -> list[str]:
+    """Validate each replica's pod template as a core/v1 Pod with kubernetes-validate (strict)."""
     errors = []
     for replica_type, replica in (job.get("spec", {}).get("pytorchReplicaSpecs") or {}).items():
         template = replica.get("template") or {}
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{job['metadata']['name']}-{replica_type.lower()}-0",
-                **template.get("metadata", {}),
-            },
-            "spec": template.get("spec", {}),
-        }
-        try:
-            kubernetes_validate.validate(pod, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.absolute_path)
-            errors.append(f"spec.pytorchReplicaSpecs.{replica_type}.template.{where}: {exc.message}")
+        errors += pod_errors(
+            template.get("spec", {}),
+            name=f"{job['metadata']['name']}-{replica_type.lower()}-0",
+            where=f"spec.pytorchReplicaSpecs.{replica_type}.template",
+            metadata=template.get("metadata"),
+            kubernetes_version=kubernetes_version,
+        )
     return errors
+
+
+def dns_label_errors(name: str) -> list[str]:
+    if not _DNS1035.match(name) or len(name) > 63:
+        return [f"metadata.name: {name!r} is not a DNS-1035 label (lowercase, starts with a letter)"]
+    return []
 
 
 def controller_errors(job: Mapping[str, Any]) -> list[str]:
     """The checks of the training-operator's validating webhook and of our own settings."""
-    errors = []
-    name = job.get("metadata", {}).get("name", "")
-    if not _DNS1035.match(name) or len(name) > 63:
-        errors.append(f"metadata.name: {name!r} is not a DNS-1035 label (lowercase, starts with a letter)")
+    errors = dns_label_errors(job.get("metadata", {}).get("name", ""))
     spec = job.get("spec", {})
     replicas = spec.get("pytorchReplicaSpecs") or {}
     for replica_type, replica in replicas.items():
@@ -385,23 +463,3 @@ def validate_pytorch_job(job: Mapping[str, Any], crd_path: Path = CRD_PATH) -> N
         raise InvalidManifestError(
             f"PyTorchJob {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(errors)
         )
-
-
-# --- status -----------------------------------------------------------------------------------------
-
-TERMINAL_STATES = ("Succeeded", "Failed")
-
-
-def job_state(job: Mapping[str, Any] | None) -> tuple[str, str]:
-    """(state, message) from the job's conditions: Succeeded/Failed when terminal, else the latest true one."""
-    if job is None:
-        return "Missing", "the PyTorchJob no longer exists"
-    conditions = (job.get("status") or {}).get("conditions") or []
-    true = [c for c in conditions if c.get("status") == "True"]
-    for terminal in TERMINAL_STATES:
-        for condition in true:
-            if condition.get("type") == terminal:
-                return terminal, condition.get("message") or ""
-    if true:
-        return true[-1].get("type", "Unknown"), true[-1].get("message") or ""
-    return "Pending", ""

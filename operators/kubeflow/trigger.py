@@ -1,4 +1,5 @@
-"""Deferrable wait for a PyTorchJob: poll its conditions in the triggerer until it succeeds or fails."""
+"""Deferrable wait for a Kubeflow job (v1 PyTorchJob, v2 TrainJob): poll its conditions in the triggerer until it
+succeeds or fails."""
 
 from __future__ import annotations
 
@@ -8,18 +9,23 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.kubeflow.manifest import GROUP, PLURAL, TERMINAL_STATES, VERSION, job_state
+from operators.kubeflow.api import PYTORCHJOB_V1, TRAINER_V2, JobApi, job_state
 
 MAX_CONSECUTIVE_ERRORS = 5
 
 
-class PyTorchJobTrigger(BaseTrigger):
-    """Fires once with {"name", "namespace", "state", "message"} when the job is Succeeded, Failed or gone.
+class KubeflowJobTrigger(BaseTrigger):
+    """Fires once with {"name", "namespace", "api", "state", "message"} when the job succeeded, failed or is gone.
+
+    One subclass per API (its class path is what Airflow stores for a deferred task, so a v1 trigger
+    serialized before v2 existed still loads).
 
     Transient API errors are retried (up to MAX_CONSECUTIVE_ERRORS polls in a row) rather than failing a
     long training job because the API server blinked. When a user kills the deferred task (mark failed,
     clear), ``on_kill`` deletes the job; a triggerer restart does not.
     """
+
+    api: JobApi
 
     def __init__(
         self,
@@ -61,7 +67,7 @@ class PyTorchJobTrigger(BaseTrigger):
         async with self._hook().get_conn() as api_client:
             try:
                 return await CustomObjectsApi(api_client).get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, self.name
+                    self.api.group, self.api.version, self.namespace, self.api.plural, self.name
                 )
             except ApiException as exc:
                 if exc.status == 404:
@@ -78,25 +84,31 @@ class PyTorchJobTrigger(BaseTrigger):
             except Exception as exc:
                 errors += 1
                 self.log.warning(
-                    "polling PyTorchJob %s/%s failed (%d): %s", self.namespace, self.name, errors, exc
+                    "polling %s %s/%s failed (%d): %s", self.api.kind, self.namespace, self.name, errors, exc
                 )
                 if errors >= MAX_CONSECUTIVE_ERRORS:
                     yield self._event("Error", f"{errors} polls in a row failed; last error: {exc}")
                     return
                 await asyncio.sleep(self.poll_interval)
                 continue
-            state, message = job_state(job)
+            state, message = job_state(job, self.api)
             if state != last_state:
-                self.log.info("PyTorchJob %s/%s is %s %s", self.namespace, self.name, state, message)
+                self.log.info("%s %s/%s is %s %s", self.api.kind, self.namespace, self.name, state, message)
                 last_state = state
-            if state in (*TERMINAL_STATES, "Missing"):
+            if state in (*self.api.terminal_states, "Missing"):
                 yield self._event(state, message)
                 return
             await asyncio.sleep(self.poll_interval)
 
     def _event(self, state: str, message: str) -> TriggerEvent:
         return TriggerEvent(
-            {"name": self.name, "namespace": self.namespace, "state": state, "message": message}
+            {
+                "name": self.name,
+                "namespace": self.namespace,
+                "api": self.api.name,
+                "state": state,
+                "message": message,
+            }
         )
 
     async def on_kill(self) -> None:
@@ -108,14 +120,29 @@ class PyTorchJobTrigger(BaseTrigger):
         async with self._hook().get_conn() as api_client:
             try:
                 await CustomObjectsApi(api_client).delete_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
+                    self.api.group,
+                    self.api.version,
                     self.namespace,
-                    PLURAL,
+                    self.api.plural,
                     self.name,
                     body=V1DeleteOptions(propagation_policy="Background"),
                 )
-                self.log.info("task killed: deleted PyTorchJob %s/%s", self.namespace, self.name)
+                self.log.info("task killed: deleted %s %s/%s", self.api.kind, self.namespace, self.name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+class PyTorchJobTrigger(KubeflowJobTrigger):
+    """Waits for a kubeflow.org/v1 PyTorchJob."""
+
+    api = PYTORCHJOB_V1
+
+
+class TrainJobTrigger(KubeflowJobTrigger):
+    """Waits for a trainer.kubeflow.org/v1alpha1 TrainJob."""
+
+    api = TRAINER_V2
+
+
+TRIGGERS = {trigger.api.name: trigger for trigger in (PyTorchJobTrigger, TrainJobTrigger)}

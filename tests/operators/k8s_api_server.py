@@ -1,15 +1,20 @@
-"""A local HTTP server speaking the Kubernetes REST protocol for one resource: kubeflow.org/v1 PyTorchJobs.
+"""A local HTTP server speaking the Kubernetes REST protocol for two resources: kubeflow.org/v1 PyTorchJobs and
+Kubeflow Trainer v2 trainer.kubeflow.org/v1alpha1 TrainJobs.
 
 This is a protocol test double, NOT a cluster (no Kubernetes API server can run on these machines). It
 implements, with the paths, status codes and `Status` bodies of the real API server:
 
-- POST/GET/DELETE ``/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]`` (201, 200, 404, 409,
-  422, 401 without the bearer token of the kubeconfig it writes);
+- POST/GET/DELETE ``/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs[/{name}]`` and
+  ``/apis/trainer.kubeflow.org/v1alpha1/namespaces/{ns}/trainjobs[/{name}]`` (201, 200, 404, 409, 422, 401
+  without the bearer token of the kubeconfig it writes);
 - GET ``/api/v1/namespaces/{ns}/pods?labelSelector=...`` and ``.../pods/{name}/log``.
 
-It also plays the training-operator, deterministically: each GET of a job advances its conditions one step
-through a script (Created -> Running -> ... -> Succeeded or Failed), and a job's Master pod exists once
-the job runs, with a fixed log. Deletion takes one more GET to finish, as finalizers make it on a cluster.
+It also plays the controllers, deterministically: each GET of a job advances its status one step through a
+script. A PyTorchJob's conditions go Created -> Running -> ... -> Succeeded or Failed, as the
+training-operator sets them, and its Master pod exists once the job runs. A TrainJob has conditions only at
+the end (Complete or Failed, copied from its JobSet, or Suspended), and `jobsStatus` says its child Job is
+active while it runs; its node-0 pod carries the JobSet's labels (jobset-name, replicatedjob-name=node,
+job-index, job-completion-index). Either pod has a fixed log. Deletion takes one more GET to finish, as finalizers make it on a cluster.
 No step depends on time. Every request is recorded for the tests to assert on.
 """
 
@@ -29,7 +34,14 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 TOKEN = "protocol-test-token"
-JOBS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs(?:/([^/]+))?$")
+JOBS = re.compile(
+    r"^/apis/(kubeflow\.org/v1|trainer\.kubeflow\.org/v1alpha1)/namespaces/([^/]+)/(pytorchjobs|trainjobs)"
+    r"(?:/([^/]+))?$"
+)
+KINDS = {  # plural -> (apiVersion, kind, group)
+    "pytorchjobs": ("kubeflow.org/v1", "PyTorchJob", "kubeflow.org"),
+    "trainjobs": ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainer.kubeflow.org"),
+}
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
@@ -58,6 +70,10 @@ class StoredJob:
     deleting: bool = False
 
     @property
+    def plural(self) -> str:
+        return "trainjobs" if self.body.get("kind") == "TrainJob" else "pytorchjobs"
+
+    @property
     def state(self) -> str:
         return self.script[min(self.step, len(self.script) - 1)]
 
@@ -67,6 +83,8 @@ class ProtocolServer:
     """Start with ``with ProtocolServer() as server:``; ``server.kubeconfig(path)`` writes a kubeconfig."""
 
     script: list[str] = field(default_factory=lambda: ["Created", "Running", "Succeeded"])
+    trainjob_script: list[str] = field(default_factory=lambda: ["Created", "Running", "Complete"])
+    """A TrainJob's steps: Created (no status yet), Running (its Job active), Suspended, Complete, Failed."""
     master_log: str = "rank0: step 1 loss 5.0\nrank0: step 2 loss 4.0\ntraining done"
     jobs: dict[tuple[str, str], StoredJob] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
@@ -117,7 +135,8 @@ class ProtocolServer:
     def seed(self, body: dict[str, Any], script: list[str] | None = None, step: int = 0) -> None:
         """Store a job as if an earlier try had created it."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        self.jobs[key] = StoredJob(self._stamped(body), list(script or self.script), step=step)
+        default = self.trainjob_script if body.get("kind") == "TrainJob" else self.script
+        self.jobs[key] = StoredJob(self._stamped(body), list(script or default), step=step)
 
     def live(self) -> dict[tuple[str, str], StoredJob]:
         """The jobs not being deleted."""
@@ -140,6 +159,8 @@ class ProtocolServer:
 
     @staticmethod
     def _with_status(job: StoredJob) -> dict[str, Any]:
+        if job.plural == "trainjobs":
+            return ProtocolServer._with_trainjob_status(job)
         body = json.loads(json.dumps(job.body))
         done = job.state in ("Succeeded", "Failed")
         conditions = []
@@ -168,25 +189,78 @@ class ProtocolServer:
             body["metadata"]["deletionTimestamp"] = _now()
         return body
 
+    @staticmethod
+    def _with_trainjob_status(job: StoredJob) -> dict[str, Any]:
+        """As the Trainer reports a TrainJob: a terminal condition copied from the JobSet's (reason and
+        message as the JobSet controller writes them), and the child Jobs' counts in jobsStatus."""
+        body = json.loads(json.dumps(job.body))
+        state = job.state
+        counts = {"ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+        conditions = []
+        if state == "Running":
+            counts.update(active=1, ready=1)
+        elif state == "Suspended":
+            counts["suspended"] = 1
+            conditions.append(("Suspended", "Suspended", "TrainJob is suspended"))
+        elif state == "Complete":
+            counts["succeeded"] = 1
+            conditions.append(("Complete", "AllJobsCompleted", "jobset completed successfully"))
+        elif state == "Failed":
+            counts["failed"] = 1
+            conditions.append(
+                ("Failed", "FailedJobs", "jobset failed due to reaching max number of restarts")
+            )
+        body["status"] = {
+            "conditions": [
+                {
+                    "type": kind,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": _now(),
+                    "observedGeneration": 1,
+                }
+                for kind, reason, message in conditions
+            ],
+            "jobsStatus": [] if state == "Created" else [{"name": "node", **counts}],
+        }
+        if job.deleting:
+            body["metadata"]["deletionTimestamp"] = _now()
+        return body
+
     def _handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         if match := JOBS.match(path):
-            namespace, name = match.groups()
-            return self._jobs(method, namespace, name, body)
+            api_version, namespace, plural, name = match.groups()
+            if KINDS[plural][0] != api_version:
+                return 404, status_body(
+                    404, "NotFound", f"the server could not find the requested resource ({path})"
+                )
+            return self._jobs(method, namespace, plural, name, body)
         if (match := PODS.match(path)) and method == "GET":
             return 200, self._pod_list(match.group(1), query.get("labelSelector", [""])[0])
         if (match := POD_LOG.match(path)) and method == "GET":
             namespace, pod = match.groups()
-            if not any(ns == namespace and pod == f"{name}-master-0" for ns, name in self.jobs):
+            owners = [
+                (name, job)
+                for (ns, name), job in self.jobs.items()
+                if ns == namespace and pod == self._pod_name(name, job)
+            ]
+            if not owners:
                 return 404, status_body(404, "NotFound", f'pods "{pod}" not found')
+            container = self._pod_labels(*owners[0])[1]
+            asked = query.get("container", [container])[0]
+            if asked != container:
+                return 400, status_body(400, "BadRequest", f"container {asked} is not valid for pod {pod}")
             return 200, self.master_log
         return 404, status_body(404, "NotFound", f"the server could not find the requested resource ({path})")
 
-    def _jobs(self, method: str, namespace: str, name: str | None, body: Any) -> tuple[int, Any]:
+    def _jobs(self, method: str, namespace: str, plural: str, name: str | None, body: Any) -> tuple[int, Any]:
+        api_version, kind, group = KINDS[plural]
         if method == "POST" and name is None:
-            if not isinstance(body, dict) or body.get("kind") != "PyTorchJob":
-                return 400, status_body(400, "BadRequest", "body is not a PyTorchJob")
-            if body.get("apiVersion") != "kubeflow.org/v1":
-                return 400, status_body(400, "BadRequest", "apiVersion must be kubeflow.org/v1")
+            if not isinstance(body, dict) or body.get("kind") != kind:
+                return 400, status_body(400, "BadRequest", f"body is not a {kind}")
+            if body.get("apiVersion") != api_version:
+                return 400, status_body(400, "BadRequest", f"apiVersion must be {api_version}")
             meta = body.get("metadata") or {}
             if not meta.get("name"):
                 return 422, status_body(422, "Invalid", "metadata.name: Required value")
@@ -197,17 +271,20 @@ class ProtocolServer:
             key = (namespace, meta["name"])
             if key in self.jobs:
                 return 409, status_body(
-                    409, "AlreadyExists", f'pytorchjobs.kubeflow.org "{meta["name"]}" already exists'
+                    409, "AlreadyExists", f'{plural}.{group} "{meta["name"]}" already exists'
                 )
+            script = self.trainjob_script if plural == "trainjobs" else self.script
             self.jobs[key] = StoredJob(
-                self._stamped({**body, "metadata": {**meta, "namespace": namespace}}), list(self.script)
+                self._stamped({**body, "metadata": {**meta, "namespace": namespace}}), list(script)
             )
             return 201, self.jobs[key].body
         if name is None:
             return 405, status_body(405, "MethodNotAllowed", "method not allowed")
         key = (namespace, name)
         job = self.jobs.get(key)
-        missing = status_body(404, "NotFound", f'pytorchjobs.kubeflow.org "{name}" not found')
+        if job is not None and job.plural != plural:  # the same name under the other resource
+            job = None
+        missing = status_body(404, "NotFound", f'{plural}.{group} "{name}" not found')
         if method == "GET":
             if self.fail_next_gets > 0:
                 self.fail_next_gets -= 1
@@ -225,27 +302,54 @@ class ProtocolServer:
             if job is None or job.deleting:
                 return 404, missing
             job.deleting = True
-            return 200, status_body(200, "", "") | {"details": {"name": name, "kind": "pytorchjobs"}}
+            return 200, status_body(200, "", "") | {"details": {"name": name, "kind": plural}}
         return 405, status_body(405, "MethodNotAllowed", "method not allowed")
+
+    @staticmethod
+    def _pod_name(name: str, job: StoredJob) -> str:
+        # A JobSet's pod: <jobset>-<replicated job>-<job index>-<completion index>-<suffix>
+        return f"{name}-node-0-0-x7k2p" if job.plural == "trainjobs" else f"{name}-master-0"
+
+    @staticmethod
+    def _pod_labels(name: str, job: StoredJob) -> tuple[dict[str, str], str]:
+        """(labels, training container) of a job's first pod, as the controllers label it."""
+        if job.plural == "trainjobs":
+            labels = {
+                "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-completion-index": "0",
+                "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+            }
+            return labels, "node"
+        labels = {
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/job-role": "master",
+            "training.kubeflow.org/replica-type": "master",
+            "training.kubeflow.org/replica-index": "0",
+        }
+        return labels, "pytorch"
 
     def _pod_list(self, namespace: str, selector: str) -> dict[str, Any]:
         wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
         items = []
         for (ns, name), job in self.jobs.items():
-            if ns != namespace or job.step == 0:  # no pods before the operator reconciled the job
+            if ns != namespace or job.step == 0:  # no pods before the controller reconciled the job
                 continue
-            labels = {
-                "training.kubeflow.org/job-name": name,
-                "training.kubeflow.org/job-role": "master",
-                "training.kubeflow.org/replica-type": "master",
-                "training.kubeflow.org/replica-index": "0",
-            }
+            labels, container = self._pod_labels(name, job)
             if all(labels.get(k) == v for k, v in wanted.items()):
                 items.append(
                     {
-                        "metadata": {"name": f"{name}-master-0", "namespace": ns, "labels": labels},
-                        "spec": {"containers": [{"name": "pytorch", "image": "pretrain-pipeline"}]},
-                        "status": {"phase": "Succeeded" if job.state == "Succeeded" else "Running"},
+                        "metadata": {
+                            "name": self._pod_name(name, job),
+                            "namespace": ns,
+                            "labels": labels,
+                            "creationTimestamp": _now(),
+                        },
+                        "spec": {"containers": [{"name": container, "image": "pretrain-pipeline"}]},
+                        "status": {
+                            "phase": "Succeeded" if job.state in ("Succeeded", "Complete") else "Running"
+                        },
                     }
                 )
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}

@@ -18,6 +18,7 @@ from operators.kubeflow.manifest import (
     render_pytorch_job,
     validate_pytorch_job,
 )
+from operators.kubeflow.trainjob import validate_train_job, validate_training_runtime
 from pipeline.config import load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.lineage import Lineage
@@ -210,7 +211,12 @@ def test_job_state_reads_conditions():
 
 def test_render_cli_prints_a_valid_job(capsys):
     assert (
-        render_cli.main(["--snapshot", "s1", "--set", "project.data_root=/mnt/p", "--set", "train.nnodes=2"])
+        render_cli.main(
+            [
+                *("--snapshot", "s1", "--set", "project.data_root=/mnt/p", "--set", "train.nnodes=2"),
+                *("--settings", '{"api": "pytorchjob-v1"}'),
+            ]
+        )
         == 0
     )
     job = yaml.safe_load(capsys.readouterr().out)
@@ -228,6 +234,18 @@ def test_kubernetes_files_in_docker_k8s_are_valid():
             kinds.add(document["kind"])
             if document["kind"] == "PyTorchJob":
                 validate_pytorch_job(document)
+            elif document["kind"] == "TrainJob":
+                validate_train_job(document)
+            elif document["kind"] == "ClusterTrainingRuntime":
+                validate_training_runtime(document)
             else:
                 kubernetes_validate.validate(document, version, strict=True)
-    assert {"PyTorchJob", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding"} <= kinds
+    assert {
+        "PyTorchJob",
+        "TrainJob",
+        "ClusterTrainingRuntime",
+        "PersistentVolumeClaim",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+    } <= kinds

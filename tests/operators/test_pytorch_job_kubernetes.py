@@ -9,41 +9,17 @@ a real kubeconfig through the Airflow `kubernetes_default` connection. No pod ru
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 import pytest
 import yaml
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException
 
 from operators.kubeflow.manifest import job_name, render_pytorch_job
 from operators.kubeflow.trigger import PyTorchJobTrigger
 from operators.pytorch_job import PyTorchJobOperator
 from pipeline.core.lineage import Lineage
 from tests.conftest import make_config
-from tests.operators.k8s_api_server import ProtocolServer
-
-NAMESPACE = "ml"
-RUN_ID = "manual__2026-11-29T10:00:00+00:00"
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    with ProtocolServer() as server:
-        kubeconfig = server.kubeconfig(tmp_path / "kubeconfig.yaml", namespace=NAMESPACE)
-        connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-        monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(connection))
-        yield server
-
-
-@dataclass
-class TaskTry:
-    """The identity of one task try, as Airflow's task instance gives it to the operator."""
-
-    dag_id: str = "pretrain"
-    run_id: str = RUN_ID
-    task_id: str = "train"
-    try_number: int = 1
-    map_index: int = -1
+from tests.operators.kubernetes_tasks import NAMESPACE, RUN_ID, TaskTry, run_trigger, start
 
 
 def operator(tmp_path, **kwargs):
@@ -54,26 +30,15 @@ def operator(tmp_path, **kwargs):
         snapshot="2026-11-29",
         config_path="",
         overrides=[f"project.data_root={tmp_path / 'data'}", "train.nnodes=2", "train.nproc_per_node=4"],
-        kubernetes_settings={"namespace": NAMESPACE, "image": "pretrain-pipeline:test"},
+        kubernetes_settings={
+            "namespace": NAMESPACE,
+            "image": "pretrain-pipeline:test",
+            "api": "pytorchjob-v1",
+        },
         poll_interval=0.01,
         **kwargs,
     )
     return op
-
-
-def run_trigger(trigger: PyTorchJobTrigger) -> dict:
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    return asyncio.run(first_event())
-
-
-def start(op, try_number=1) -> PyTorchJobTrigger:
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute({"ti": TaskTry(try_number=try_number)})
-    assert deferred.value.method_name == "execute_complete"
-    return deferred.value.trigger
 
 
 def stored(server):
@@ -225,7 +190,8 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
     from tests.dags.test_dagbag import DAGS_FOLDER
 
     monkeypatch.setenv(
-        "AIRFLOW_VAR_PRETRAIN_KUBERNETES", json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1})
+        "AIRFLOW_VAR_PRETRAIN_KUBERNETES",
+        json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1, "api": "pytorchjob-v1"}),
     )
     server.script = ["Succeeded"]  # the job finishes before the trigger's first poll, which waits 15 s
     dag = DagBag(str(DAGS_FOLDER)).dags["pretrain"]
