@@ -333,7 +333,7 @@ def _comparable(document):
     document = copy.deepcopy(document)
     document["metadata"]["annotations"].pop("pretrain.dev/config-hash")
     if document["kind"] == "TrainJob":
-        containers = [{"env": document["spec"]["trainer"]["env"]}]
+        containers = [document["spec"]["trainer"]]  # its env is the node container's
     else:
         containers = [
             container
