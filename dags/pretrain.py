@@ -2,8 +2,8 @@
 
 Scheduled on the `token_shards` Asset, so each snapshot `corpus_ingest` publishes is trained on with the
 config it was built with. Triggered by hand, the form sets the model preset, steps, nodes, processes per
-node, launcher (torchrun here, or a Kubeflow PyTorchJob on Kubernetes), precision and MLflow experiment;
-empty fields keep the config's values, and an empty snapshot means the newest tokenized one.
+node, launcher (torchrun here, or a Kubeflow TrainJob or PyTorchJob on Kubernetes), precision and MLflow
+experiment; empty fields keep the config's values, and an empty snapshot means the newest tokenized one.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from pipeline.model import PRESETS
             type="string",
             enum=list(LAUNCHERS),
             title="Launcher",
-            description="local: torchrun on the Airflow worker. kubernetes: a Kubeflow PyTorchJob.",
+            description="local: torchrun on the Airflow worker. kubernetes: a Kubeflow Trainer v2 TrainJob "
+            "(or a v1 PyTorchJob, by the pretrain_kubernetes Variable's api).",
             section="Training",
         ),
         "nodes": Param(
