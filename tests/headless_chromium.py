@@ -83,7 +83,11 @@ class HeadlessChromium:
             )
         os.close(commands_read)
         os.close(answers_write)
-        self.version = self.call("Browser.getVersion")["product"]
+        try:
+            self.version = self.call("Browser.getVersion")["product"]
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
