@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow
+.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow chromium
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
@@ -19,6 +19,7 @@ help:
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
+	@echo "make chromium  fetch the pinned headless Chromium into .chromium/ (the browser tests fetch it themselves too)"
 
 venv: $(STAMP)
 
@@ -38,6 +39,11 @@ $(BENCH_STAMP): requirements.lock benchmarks/requirements.lock setup.cfg pyproje
 	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock -r benchmarks/requirements.lock
 	.venv-bench/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
 	@touch $(BENCH_STAMP)
+
+# The pinned headless Chromium (npm's @sparticuz/chromium, integrity-checked) for the tests that open pages
+# in a browser (tests/quality/test_report_browser.py).
+chromium: $(STAMP)
+	$(BIN)/python scripts/fetch_chromium.py
 
 check-java:
 	@$(PYTHON) scripts/check_java.py

@@ -182,6 +182,9 @@ class LocalAirflow:
     def unpause(self, dag_id: str) -> None:
         self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
+    def pause(self, dag_id: str) -> None:
+        self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
         run = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
         return run["dag_run_id"]
@@ -201,3 +204,13 @@ class LocalAirflow:
             "GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}/taskInstances"
         )
         return {ti["task_id"]: ti for ti in answer["task_instances"]}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The task's log as the UI shows it, one line per record (Airflow 3 serves records as JSON)."""
+        answer = self.request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}/taskInstances/{task_id}"
+            f"/logs/{try_number}?full_content=true",
+        )
+        content = answer["content"]
+        return "\n".join(json.dumps(record) if not isinstance(record, str) else record for record in content)

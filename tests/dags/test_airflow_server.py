@@ -2,7 +2,8 @@
 
 One Airflow serves the whole module. Runs are started the way users start them: `pretrain` through the REST
 API with form values, and by an event on its Asset; `reprocess_corpus` with `airflow backfill create`. A
-train task is killed by marking it failed through the REST API, as a user does in the UI.
+train task is killed by marking it failed through the REST API, as a user does in the UI. The quality gate
+holds a snapshot's token shards back in a `corpus_from_files` run.
 """
 
 import json
@@ -154,6 +155,74 @@ def test_an_event_on_the_token_shards_asset_schedules_pretrain(airflow, sample_c
     assert airflow.wait_for_run("pretrain", run_id) == "success", airflow.task_instances("pretrain", run_id)
     train = DatasetRef.of(config_of(airflow), "train", "asset").manifest()
     assert train.rows["steps"] == 3 and train.lineage["run_id"] == run_id
+
+
+def run_publish_after_a_real_quality_task(airflow, snapshot, overrides):
+    """A `corpus_from_files` run in which Airflow really runs run_overrides, quality (spark-submit) and
+    publish_token_shards; the data stages before them are marked success through the REST API, as a user
+    does in the UI, their outputs already published under ``snapshot`` (tokenize's path given as its XCom)."""
+    dag_id = "corpus_from_files"
+    airflow.pause(dag_id)  # so that the run waits, queued, until the stages before the report are marked
+    run_id = airflow.trigger(dag_id, {"snapshot": snapshot, "overrides": overrides})
+    marked = ("ingest", "clean", "dedup", "tokenize")
+    airflow.wait(
+        lambda: set(marked) <= set(airflow.task_instances(dag_id, run_id)), "the run's task instances"
+    )
+    base = f"/api/v2/dags/{dag_id}/dagRuns/{run_path(run_id)}/taskInstances"
+    for task_id in marked:
+        airflow.request("PATCH", f"{base}/{task_id}", {"new_state": "success"})
+    tokens = DatasetRef.of(config_of(airflow), "tokenize", snapshot).path
+    airflow.request("POST", f"{base}/tokenize/xcomEntries", {"key": "return_value", "value": str(tokens)})
+    airflow.unpause(dag_id)
+    assert airflow.wait_for_run(dag_id, run_id) == "success", airflow.task_instances(dag_id, run_id)
+    airflow.pause(dag_id)
+    return run_id
+
+
+def token_shards_events(airflow, run_id):
+    (asset,) = airflow.request("GET", "/api/v2/assets?name_pattern=token_shards")["assets"]
+    query = f"asset_id={asset['id']}&source_dag_id=corpus_from_files&source_run_id={run_path(run_id)}"
+    return airflow.request("GET", f"/api/v2/assets/events?{query}")["asset_events"]
+
+
+def test_a_snapshot_failing_the_gate_announces_no_token_shards_and_the_log_names_the_threshold(
+    airflow, sample_corpus
+):
+    """The quality gate end to end in Airflow: the quality task (mode fail, a threshold the sample cannot meet)
+    records a failed verdict, publish_token_shards is skipped naming the threshold, and no event reaches the
+    token_shards Asset; with the threshold met, the same run emits one event."""
+    from pipeline.dedup import job as dedup_job
+
+    corpus_config, snapshot = sample_corpus
+    config = config_of(airflow)
+    airflow.wait_for_dags("corpus_from_files")
+    airflow.pause("pretrain")  # a paused DAG queues no asset-triggered run: the passing event trains nothing
+    clean = DatasetRef.of(corpus_config, "clean", snapshot)
+    dedup_job.run(config, [clean], DatasetRef.of(config, "dedup", "gate-fail"))
+    publish_copy(config, "gate-fail", "dedup", airflow.data_root, "gate-pass")
+    for name in ("gate-fail", "gate-pass"):
+        publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, name)
+
+    failing = run_publish_after_a_real_quality_task(
+        airflow, "gate-fail", ["quality.gate.mode=fail", "quality.gate.min_documents=1000000000"]
+    )
+    tasks = airflow.task_instances("corpus_from_files", failing)
+    assert tasks["quality"]["state"] == "success" and tasks["publish_token_shards"]["state"] == "skipped"
+    kept = DatasetRef.of(config, "dedup", "gate-fail").manifest().rows["documents"]
+    threshold = f"documents {kept} < quality.gate.min_documents 1000000000"
+    verdict = DatasetRef.of(config, "quality", "gate-fail").manifest().extra["gate"]
+    assert verdict == {"mode": "fail", "passed": False, "failures": [threshold]}
+    log = airflow.task_log("corpus_from_files", failing, "publish_token_shards")
+    assert "quality gate failed for snapshot 'gate-fail'" in log and threshold in log, log[-3000:]
+    assert token_shards_events(airflow, failing) == []
+
+    passing = run_publish_after_a_real_quality_task(airflow, "gate-pass", ["quality.gate.mode=fail"])
+    tasks = airflow.task_instances("corpus_from_files", passing)
+    assert tasks["publish_token_shards"]["state"] == "success"
+    assert DatasetRef.of(config, "quality", "gate-pass").manifest().extra["gate"]["passed"]
+    (event,) = token_shards_events(airflow, passing)
+    tokens = DatasetRef.of(config, "tokenize", "gate-pass")
+    assert event["extra"]["snapshot"] == "gate-pass" and event["extra"]["digest"] == tokens.manifest().digest
 
 
 def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sample_corpus):
