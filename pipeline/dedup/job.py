@@ -41,7 +41,7 @@ from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
 from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
-from pipeline.dedup.semantic import REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
+from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
 from pipeline.dedup.urls import page_key
 
 if TYPE_CHECKING:
@@ -305,9 +305,9 @@ def decide(
     clock: StepClock,
     seed: int,
     layout_files: int,
-) -> tuple[DataFrame, dict, DataFrame | None, dict]:
+) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict]:
     """(id, drop_reason, representative_id, n_bytes) for every document with text, and step counters;
-    with semantic dedup on, also its removals (id, representative_id, cosine, cluster) and its extra."""
+    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -353,11 +353,12 @@ def decide(
         roots = scored = None
         final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("near_rep"))
 
-    semantic, semantic_extra = None, {}
+    semantic = assignments = None
+    semantic_extra: dict = {}
     if dedup.semantic.enabled:
         unique = final.where(F.col("near_rep") == F.col("id")).select("id")
         texts = docs.where(F.col("text").isNotNull()).select("id", "text").join(unique, "id", "left_semi")
-        semantic, semantic_counters, semantic_extra = semantic_duplicates(
+        semantic, assignments, semantic_counters, semantic_extra = semantic_duplicates(
             texts, dedup.semantic, seed, layout_files, clock
         )
         counters.update(semantic_counters)
@@ -390,7 +391,7 @@ def decide(
         roots.unpersist()
         scored.unpersist()
     clock.done("decide", "every document has its representative")
-    return decisions, counters, semantic, semantic_extra
+    return decisions, counters, (semantic, assignments), semantic_extra
 
 
 def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
@@ -482,7 +483,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         clock.done("start")
         features, null_text, counters = document_features(docs, hasher, dedup, clock)
         files = config.spark.output_files
-        decisions, near_counters, semantic, semantic_extra = decide(
+        decisions, near_counters, (semantic, assignments), semantic_extra = decide(
             docs, features, hasher, dedup, clock, config.project.seed, files
         )
         features.unpersist()
@@ -504,14 +505,15 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         rows = {"documents": kept, "excluded": excluded, "duplicates": duplicates}
         extra = {}
         if dedup.semantic.enabled:
-            rows["semantic_duplicates"] = write_parquet(
-                semantic if semantic is not None else spark.createDataFrame([], spark_schema(REMOVAL_SCHEMA)),
-                out.path / "semantic_duplicates",
-                files,
-            )
+            for name, table, schema in (
+                ("semantic_duplicates", semantic, REMOVAL_SCHEMA),
+                ("semantic_clusters", assignments, CLUSTER_SCHEMA),
+            ):
+                if table is None:  # fewer than two documents: nothing was clustered
+                    table = spark.createDataFrame([], spark_schema(schema))
+                rows[name] = write_parquet(table, out.path / name, files)
+                table.unpersist()
             extra["semantic"] = semantic_extra
-            if semantic is not None:
-                semantic.unpersist()
         clock.done(
             "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
         )

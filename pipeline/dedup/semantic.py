@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SEMANTIC_DUPLICATE = "semantic_duplicate"
 BLOCK_ROWS = 1024
+CLUSTER_SCHEMA = pa.schema([("id", pa.string()), ("cluster", pa.int32())])
 REMOVAL_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -120,9 +121,10 @@ def cluster_removals(table: pa.Table, threshold: float) -> pa.Table:
 
 def semantic_duplicates(
     texts: DataFrame, semantic: SemanticConfig, seed: int, layout_files: int, clock: StepClock
-) -> tuple[DataFrame | None, dict, dict]:
+) -> tuple[DataFrame | None, DataFrame | None, dict, dict]:
     """(id, representative_id, cosine, cluster) of every document ``texts`` (id, text) loses to semantic
-    dedup, cached (None when fewer than two documents), plus manifest counters and ``extra.semantic``.
+    dedup and (id, cluster) of every document embedded, both cached (None when fewer than two documents),
+    plus manifest counters and ``extra.semantic``.
 
     ``layout_files`` fixes the partitioning k-means sees (by a hash of id, sorted by id), so its seeded
     sampling does not depend on how the input happened to be split.
@@ -148,7 +150,7 @@ def semantic_duplicates(
     k = min(semantic.clusters or math.ceil(math.sqrt(documents)), documents)
     counters = {
         "semantic_documents": documents,
-        "semantic_clusters": k,
+        "semantic_k": k,
         "semantic_largest_cluster": 0,
         "semantic_pairs": 0,
         "semantic_kmeans_iterations": 0,
@@ -161,7 +163,7 @@ def semantic_duplicates(
     }
     if documents < 2:
         embedded.unpersist()
-        return None, counters, extra
+        return None, None, counters, extra
 
     if k > 1:
         vectors = embedded.withColumn("features", array_to_vector("embedding"))
@@ -179,8 +181,9 @@ def semantic_duplicates(
     else:
         assigned = embedded.select("id", F.lit(0).alias("cluster"), "embedding")
     assigned = assigned.persist(StorageLevel.MEMORY_AND_DISK)
+    clusters = assigned.select("id", "cluster").persist(StorageLevel.MEMORY_AND_DISK)
     sizes = (
-        assigned.groupBy("cluster")
+        clusters.groupBy("cluster")
         .count()
         .agg(
             F.max("count").alias("largest"),
@@ -201,6 +204,7 @@ def semantic_duplicates(
     )
     if counters["semantic_largest_cluster"] > semantic.max_cluster_size:
         assigned.unpersist()
+        clusters.unpersist()
         raise SemanticClusterTooLarge(
             f"a k-means cluster has {counters['semantic_largest_cluster']} documents, more than "
             f"dedup.semantic.max_cluster_size={semantic.max_cluster_size}; raise dedup.semantic.clusters "
@@ -224,4 +228,4 @@ def semantic_duplicates(
     clock.done(
         "semantic.removal", "%d documents above cosine %.3f with a kept one", removed, semantic.threshold
     )
-    return removals, counters, extra
+    return removals, clusters, counters, extra

@@ -117,7 +117,7 @@ THRESHOLD = 0.7  # between the two measured bands above
 SEMANTIC = (
     "dedup.semantic.enabled=true",
     f"dedup.semantic.threshold={THRESHOLD}",
-    "dedup.semantic.clusters=4",
+    "dedup.semantic.clusters=2",
 )
 START = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -191,12 +191,19 @@ def test_paraphrases_removed_one_of_each_kept_distinct_documents_all_kept(runs, 
     assert excluded[max(copy, original)] == "exact_duplicate"
     # Of the original and its exact copy, the smaller id goes on to semantic dedup in its place.
     survivor = {original: min(copy, original)}
-    for a, b in meta["pairs"]:
-        assert len({survivor.get(a, a), survivor.get(b, b)} & kept) == 1, (a, b)
+    cluster = {row["id"]: row["cluster"] for row in read(manifests["p1"], "semantic_clusters")}
+    together = [(survivor.get(a, a), survivor.get(b, b)) for a, b in meta["pairs"]]
+    together = [(a, b) for a, b in together if cluster[a] == cluster[b]]
+    for a, b in together:
+        assert len({a, b} & kept) == 1, (a, b)
+    # SemDeDup compares documents within a k-means cluster only, so a pair k-means splits stays whole (both
+    # kept): the price of not comparing all pairs. On this corpus k-means (k=2) splits one pair of 12, the
+    # football one; pipeline.dedup.semantic's rule itself is checked exactly below, on random vectors.
+    assert len(together) >= len(meta["pairs"]) - 1
     assert set(meta["singles"]) <= kept
     semantic = {x for x, why in excluded.items() if why == "semantic_duplicate"}
-    assert len(semantic) == len(meta["pairs"]) == manifests["p1"].counters["dropped"]["semantic_duplicate"]
-    assert semantic <= {x for pair in meta["pairs"] for x in pair} | {copy}
+    assert len(semantic) == len(together) == manifests["p1"].counters["dropped"]["semantic_duplicate"]
+    assert semantic <= {x for pair in together for x in pair}
 
 
 @pytest.mark.slow
@@ -235,7 +242,8 @@ def test_every_removal_is_recorded_with_a_kept_representative_and_its_cosine(run
     assert counters["kept"] + sum(counters["dropped"].values()) == counters["input_documents"]
     assert manifest.rows["semantic_duplicates"] == len(removals)
     assert counters["semantic_documents"] == table.num_rows - 1  # all but the exact copy
-    assert counters["semantic_clusters"] == 2
+    assert manifest.rows["semantic_clusters"] == counters["semantic_documents"]
+    assert counters["semantic_k"] == 2
     assert manifest.extra["semantic"]["threshold"] == THRESHOLD
     assert manifest.extra["semantic"]["embed_docs_per_second"] > 0
     assert "semantic.embed" in manifest.extra["step_seconds"]
@@ -243,16 +251,15 @@ def test_every_removal_is_recorded_with_a_kept_representative_and_its_cosine(run
 
 @pytest.mark.slow
 def test_funnel_adds_up_with_semantic_duplicates(runs):
-    _, _, manifests = runs
+    table, _, manifests = runs
     manifest = manifests["p1"]
-    steps = funnel(manifest)
-    assert steps[0].reason == "input" and steps[-1].reason == "kept"
-    drops = [step for step in steps[1:-1]]
-    semantic = [step for step in drops if step.reason == "semantic_duplicate"]
-    assert [(s.stage, s.documents) for s in semantic] == [
-        ("dedup", manifest.counters["dropped"]["semantic_duplicate"])
-    ]
-    assert steps[0].documents - sum(step.documents for step in drops) == steps[-1].documents
+    steps = funnel(manifest)  # from the clean manifest (its documents are dedup's input) to dedup's kept
+    assert steps[-1].reason == "kept" and steps[-1].documents == manifest.counters["kept"]
+    drops = steps[:-1]
+    assert {step.stage for step in drops} == {"dedup"}
+    assert {step.reason: step.documents for step in drops} == manifest.counters["dropped"]
+    assert "semantic_duplicate" in {step.reason for step in drops}
+    assert sum(step.documents for step in drops) + steps[-1].documents == table.num_rows
 
 
 @pytest.mark.slow
