@@ -357,3 +357,16 @@ def test_empty_and_single_cluster_inputs():
     removed, representatives, cosines = semantic_removals(["c", "a", "b"], same, 0.99)
     assert sorted(removed) == [0, 2] and representatives == [1, 1]
     assert cosines == pytest.approx([1.0, 1.0])
+
+
+@pytest.mark.slow
+def test_empty_input_with_semantic_on_gives_empty_outputs(tmp_path):
+    manifest = run_dedup(tmp_path / "data", CLEAN_SCHEMA.empty_table(), 2, *SEMANTIC)
+    assert manifest.rows == {
+        "documents": 0,
+        "excluded": 0,
+        "duplicates": 0,
+        "semantic_duplicates": 0,
+        "semantic_clusters": 0,
+    }
+    assert manifest.counters["semantic_documents"] == 0 and manifest.counters["dropped"] == {}
