@@ -1,10 +1,34 @@
-"""The `dedup` config section: URL, exact and MinHash-LSH near-duplicate removal (docs/dedup.md)."""
+"""The `dedup` config section: URL, exact, MinHash-LSH near-duplicate and semantic removal (docs/dedup.md)."""
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
 from pipeline.core.config import Section
+from pipeline.embeddings import EncoderConfig
+
+
+class SemanticConfig(Section):
+    """SemDeDup: k-means on sentence embeddings, then cosine duplicates within each cluster (docs/dedup.md)."""
+
+    enabled: bool = Field(False, description="embed every document left after URL/exact/near dedup (costly)")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    clusters: int | None = Field(
+        None, ge=1, description="k-means k; null: ceil(sqrt(documents embedded)), at most the document count"
+    )
+    threshold: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="drop a document whose cosine with an earlier kept document of its cluster is above this",
+    )
+    max_iterations: int = Field(20, gt=0, description="k-means (Lloyd) iterations at most")
+    max_cluster_size: int = Field(
+        50_000,
+        gt=1,
+        description="stop with an error when a k-means cluster is larger (its documents are compared "
+        "pairwise in one worker); raise clusters instead",
+    )
 
 
 class DedupConfig(Section):
@@ -26,6 +50,7 @@ class DedupConfig(Section):
     false_negative_weight: float = Field(0.95, ge=0)
     verify: bool = Field(True, description="keep only candidate pairs whose true Jaccard >= threshold")
     max_iterations: int = Field(64, gt=0, description="rounds of connected components before giving up")
+    semantic: SemanticConfig = Field(default_factory=SemanticConfig)
 
     @model_validator(mode="after")
     def _banding(self) -> DedupConfig:

@@ -10,11 +10,15 @@ Steps (datatrove style: each one only decides and counts, rows are split at the 
                    (n - 1 links per bucket, never n^2 pairs), links are verified with the true Jaccard,
                    then connected components (large-star / small-star) give each document its
                    component's smallest id                                            -> near_duplicate
+   ``semantic``    only with dedup.semantic.enabled: embed the survivors, k-means, and within each cluster
+                   drop documents above a cosine threshold with an earlier kept one   -> semantic_duplicate
+                   (pipeline.dedup.semantic)
 5. ``split``       kept rows to ``documents/``, removed rows with their reason to ``excluded/``, every
                    member of a cluster to ``duplicates/`` with its exact Jaccard to the representative.
 
 A removed document's representative is the document that stays for it: its URL's newest fetch, that
-one's exact-duplicate group minimum, and that one's near-duplicate component minimum, in this order.
+one's exact-duplicate group minimum, that one's near-duplicate component minimum, and that one's semantic
+representative, in this order.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
 from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
+from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
 from pipeline.dedup.urls import page_key
 
 if TYPE_CHECKING:
@@ -293,9 +298,16 @@ def document_features(
 
 
 def decide(
-    docs: DataFrame, features: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
-) -> tuple[DataFrame, dict]:
-    """(id, drop_reason, representative_id, n_bytes) for every document with text, and step counters."""
+    docs: DataFrame,
+    features: DataFrame,
+    hasher: MinHasher,
+    dedup: DedupConfig,
+    clock: StepClock,
+    seed: int,
+    layout_files: int,
+) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict]:
+    """(id, drop_reason, representative_id, n_bytes) for every document with text, and step counters;
+    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -335,20 +347,40 @@ def decide(
             survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
         )
         final = survivors.join(roots, survivors["exact_rep"] == roots["node"], "left").select(
-            "id", "exact_rep", F.coalesce("root", "exact_rep").alias("final_rep")
+            "id", "exact_rep", F.coalesce("root", "exact_rep").alias("near_rep")
         )
     else:
         roots = scored = None
-        final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("final_rep"))
+        final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("near_rep"))
+
+    semantic = assignments = None
+    semantic_extra: dict = {}
+    if dedup.semantic.enabled:
+        unique = final.where(F.col("near_rep") == F.col("id")).select("id")
+        texts = docs.where(F.col("text").isNotNull()).select("id", "text").join(unique, "id", "left_semi")
+        semantic, assignments, semantic_counters, semantic_extra = semantic_duplicates(
+            texts, dedup.semantic, seed, layout_files, clock
+        )
+        counters.update(semantic_counters)
+    if semantic is not None:
+        # A semantic representative is always kept, so one hop resolves every chain.
+        final = final.join(
+            semantic.select(F.col("id").alias("near_rep"), F.col("representative_id").alias("semantic_rep")),
+            "near_rep",
+            "left",
+        ).select("id", "exact_rep", "near_rep", F.coalesce("semantic_rep", "near_rep").alias("final_rep"))
+    else:
+        final = final.withColumn("final_rep", F.col("near_rep"))
 
     resolved = step.select("id", "url_rep", "n_bytes").join(
-        final.select(F.col("id").alias("url_rep"), "exact_rep", "final_rep"), "url_rep"
+        final.select(F.col("id").alias("url_rep"), "exact_rep", "near_rep", "final_rep"), "url_rep"
     )
     decisions = resolved.select(
         "id",
         F.when(F.col("url_rep") != F.col("id"), F.lit(URL_DUPLICATE))
         .when(F.col("exact_rep") != F.col("id"), F.lit(EXACT_DUPLICATE))
-        .when(F.col("final_rep") != F.col("id"), F.lit(NEAR_DUPLICATE))
+        .when(F.col("near_rep") != F.col("id"), F.lit(NEAR_DUPLICATE))
+        .when(F.col("final_rep") != F.col("id"), F.lit(SEMANTIC_DUPLICATE))
         .alias("drop_reason"),
         F.col("final_rep").alias("representative_id"),
         "n_bytes",
@@ -359,7 +391,7 @@ def decide(
         roots.unpersist()
         scored.unpersist()
     clock.done("decide", "every document has its representative")
-    return decisions, counters
+    return decisions, counters, (semantic, assignments), semantic_extra
 
 
 def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
@@ -450,14 +482,16 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         clock.done("start")
         features, null_text, counters = document_features(docs, hasher, dedup, clock)
-        decisions, near_counters = decide(docs, features, hasher, dedup, clock)
+        files = config.spark.output_files
+        decisions, near_counters, (semantic, assignments), semantic_extra = decide(
+            docs, features, hasher, dedup, clock, config.project.seed, files
+        )
         features.unpersist()
 
         removed = decisions.where(F.col("drop_reason").isNotNull()).select("id", "drop_reason")
         labelled = docs.join(removed, "id", "left").withColumn(
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
-        files = config.spark.output_files
         kept = write_parquet(
             labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
         )
@@ -468,6 +502,18 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         duplicates = write_parquet(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
+        rows = {"documents": kept, "excluded": excluded, "duplicates": duplicates}
+        extra = {}
+        if dedup.semantic.enabled:
+            for name, table, schema in (
+                ("semantic_duplicates", semantic, REMOVAL_SCHEMA),
+                ("semantic_clusters", assignments, CLUSTER_SCHEMA),
+            ):
+                if table is None:  # fewer than two documents: nothing was clustered
+                    table = spark.createDataFrame([], spark_schema(schema))
+                rows[name] = write_parquet(table, out.path / name, files)
+                table.unpersist()
+            extra["semantic"] = semantic_extra
         clock.done(
             "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
         )
@@ -482,9 +528,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             summary["clusters"],
         )
         return out.commit(
-            rows={"documents": kept, "excluded": excluded, "duplicates": duplicates},
+            rows=rows,
             counters={**counters, **summary, **near_counters},
             extra={
+                **extra,
                 "lsh": {
                     "bands": hasher.bands,
                     "rows": hasher.rows,
