@@ -61,6 +61,7 @@ FEATURES_SCHEMA = pa.schema(
         ("page_key", pa.string()),
         ("exact_key", pa.binary()),
         ("n_bytes", pa.int64()),
+        ("n_chars", pa.int64()),
         ("n_tokens", pa.int64()),
         ("n_shingles", pa.int64()),
         ("band_keys", pa.list_(pa.int64())),
@@ -134,6 +135,7 @@ def feature_batches(
             urls,
             pa.array(_exact_keys(normalized, texts), pa.binary()),
             pc.fill_null(pc.binary_length(texts), 0).cast(pa.int64()),
+            pc.fill_null(pc.utf8_length(texts.cast(pa.string())), 0).cast(pa.int64()),
             pa.array(shingles.tokens, pa.int64()),
             pa.array(counts, pa.int64()),
             bands,
@@ -306,7 +308,7 @@ def decide(
     seed: int,
     layout_files: int,
 ) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict]:
-    """(id, drop_reason, representative_id, n_bytes) for every document with text, and step counters;
+    """(id, drop_reason, representative_id, n_bytes, n_chars) for every document with text, and step counters;
     with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
@@ -322,7 +324,7 @@ def decide(
         step = with_text.withColumn("url_rep", F.first("id").over(newest_first))
     else:
         step = with_text.withColumn("url_rep", F.col("id"))
-    step = step.select("id", "url_rep", "exact_key", "band_keys", "n_bytes")
+    step = step.select("id", "url_rep", "exact_key", "band_keys", "n_bytes", "n_chars")
     survivors = step.where(F.col("url_rep") == F.col("id"))
     if dedup.exact:
         survivors = survivors.withColumn("exact_rep", F.min("id").over(Window.partitionBy("exact_key")))
@@ -372,7 +374,7 @@ def decide(
     else:
         final = final.withColumn("final_rep", F.col("near_rep"))
 
-    resolved = step.select("id", "url_rep", "n_bytes").join(
+    resolved = step.select("id", "url_rep", "n_bytes", "n_chars").join(
         final.select(F.col("id").alias("url_rep"), "exact_rep", "near_rep", "final_rep"), "url_rep"
     )
     decisions = resolved.select(
@@ -384,6 +386,7 @@ def decide(
         .alias("drop_reason"),
         F.col("final_rep").alias("representative_id"),
         "n_bytes",
+        "n_chars",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     decisions.count()
     survivors.unpersist()
@@ -429,14 +432,16 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     from pyspark.sql import functions as F
 
     rows = decisions.groupBy("drop_reason").agg(
-        F.count(F.lit(1)).alias("documents"), F.sum("n_bytes").alias("bytes")
+        F.count(F.lit(1)).alias("documents"),
+        F.sum("n_bytes").alias("bytes"),
+        F.sum("n_chars").alias("chars"),
     )
     per_reason = {
-        row["drop_reason"] or "kept": (int(row["documents"]), int(row["bytes"] or 0))
+        row["drop_reason"] or "kept": (int(row["documents"]), int(row["bytes"] or 0), int(row["chars"] or 0))
         for row in rows.collect()
     }
     if null_text:
-        per_reason[NULL_TEXT] = (null_text, 0)
+        per_reason[NULL_TEXT] = (null_text, 0, 0)
     clusters = (
         decisions.where(F.col("drop_reason").isNotNull())
         .groupBy("representative_id")
@@ -444,9 +449,10 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
         .agg(F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
         .first()
     )
-    kept_documents, kept_bytes = per_reason.pop("kept", (0, 0))
+    kept_documents, kept_bytes, kept_chars = per_reason.pop("kept", (0, 0, 0))
     dropped = {reason: per_reason[reason][0] for reason in sorted(per_reason)}
     dropped_bytes = {reason: per_reason[reason][1] for reason in sorted(per_reason)}
+    dropped_chars = {reason: per_reason[reason][2] for reason in sorted(per_reason)}
     n_clusters = int(clusters["clusters"] or 0)
     return {
         "kept": kept_documents,
@@ -455,6 +461,10 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
         "dropped_bytes": dropped_bytes,
         "removed_documents": sum(dropped.values()),
         "removed_bytes": sum(dropped_bytes.values()),
+        # Characters, as clean counts them, so the drop funnel carries them from stage to stage.
+        "input_chars": kept_chars + sum(dropped_chars.values()),
+        "kept_chars": kept_chars,
+        "dropped_chars": dropped_chars,
         "clusters": n_clusters,
         # Removed members plus the representative.
         "largest_cluster": int(clusters["largest"]) + 1 if n_clusters else 0,

@@ -45,6 +45,15 @@ def lineage(manifest: Manifest) -> list[Manifest]:
     return chain[::-1]
 
 
+# Dedup's reasons in the order it decides them (a document without text never reaches the others).
+DEDUP_REASON_ORDER = ("null_text", "url_duplicate", "exact_duplicate", "near_duplicate", "semantic_duplicate")
+
+
+def _dedup_reason_rank(reason: str) -> tuple[int, str]:
+    order = DEDUP_REASON_ORDER.index(reason) if reason in DEDUP_REASON_ORDER else len(DEDUP_REASON_ORDER)
+    return order, reason
+
+
 def _clean_rule_rank(rule: str) -> tuple[int, str]:
     prefix = rule.split(".", 1)[0].split(":", 1)[0]
     order = CLEAN_RULE_ORDER.index(prefix) if prefix in CLEAN_RULE_ORDER else len(CLEAN_RULE_ORDER)
@@ -59,7 +68,7 @@ def _drops(manifest: Manifest) -> Iterator[Step]:
     elif "dropped" in counters and isinstance(
         counters["dropped"], dict
     ):  # clean, dedup, and stages like them
-        order = _clean_rule_rank if manifest.stage == "clean" else None
+        order = {"clean": _clean_rule_rank, "dedup": _dedup_reason_rank}.get(manifest.stage)
         characters = counters.get("dropped_chars", {})
         for reason in sorted(counters["dropped"], key=order):
             chars = characters.get(reason)

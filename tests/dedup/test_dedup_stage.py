@@ -287,6 +287,12 @@ def test_transitive_short_cjk_url_and_null_cases(runs):
     assert counters["dropped_bytes"]["exact_duplicate"] == sum(
         len(texts[x].encode()) for x, row in excluded.items() if row["drop_reason"] == "exact_duplicate"
     )
+    chars = {}
+    for x, row in excluded.items():
+        chars[row["drop_reason"]] = chars.get(row["drop_reason"], 0) + len(texts[x] or "")
+    assert counters["dropped_chars"] == chars  # the drop funnel's characters
+    assert counters["kept_chars"] == sum(len(texts[x]) for x in kept)
+    assert counters["input_chars"] == counters["kept_chars"] + sum(chars.values())
     assert counters["rejected_by_verification"] > 0, "planted 0.5-0.7 pairs collide and are verified away"
     assert (Path(manifest.path) / "lsh_s_curve.png").is_file()
 

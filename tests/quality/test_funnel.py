@@ -128,3 +128,23 @@ def test_characters_ride_along_where_the_manifests_count_them(tmp_path_factory, 
     assert steps[0].characters == sum(s.characters for s in steps[1:])
     assert {s.reason: s.characters for s in steps[1:-1]} == dropped_chars
     assert steps[-1] == Step("clean", "kept", len(kept_lengths), kept_chars)
+
+
+def test_dedup_reasons_come_in_the_order_dedup_decides_them(tmp_path):
+    dropped = {
+        "url_duplicate": 1,
+        "semantic_duplicate": 2,
+        "null_text": 3,
+        "exact_duplicate": 4,
+        "near_duplicate": 5,
+    }
+    dedup = write(tmp_path / "dedup", "dedup", {"input_documents": 20, "kept": 5, "dropped": dropped}, {})
+    assert [step.reason for step in funnel(dedup)] == [
+        "input",
+        "null_text",
+        "url_duplicate",
+        "exact_duplicate",
+        "near_duplicate",
+        "semantic_duplicate",
+        "kept",
+    ]
