@@ -101,7 +101,9 @@ def cluster_entropy(embeddings: np.ndarray, clusters: int, seed: int) -> dict[st
         return {"clusters": k, "cluster_entropy": None}
     from sklearn.cluster import KMeans
 
-    labels = KMeans(n_clusters=k, n_init=4, random_state=seed).fit_predict(embeddings)
+    # Two runs' vectors can differ in the 8th decimal (the encoder in another worker process), and k-means on
+    # a small sample turns that into other clusters: round it away first.
+    labels = KMeans(n_clusters=k, n_init=4, random_state=seed).fit_predict(np.round(embeddings, 5))
     shares = np.bincount(labels, minlength=k) / count
     entropy = -sum(p * math.log(p) for p in shares if p > 0) / math.log(k)
     return {"clusters": k, "cluster_entropy": float(entropy)}
@@ -170,6 +172,9 @@ def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
         .limit(config.quality.sample_docs)
         .select("id", "domain", lang.alias("lang"), "text")
         .repartition(config.spark.shuffle_partitions, "id")
+        # A shuffle does not keep row order, and the encoder pads each batch to its longest text: the same
+        # rows in the same order make the same batches.
+        .sortWithinPartitions("id")
         .cache()
     )
 

@@ -10,13 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.core.spark import spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches
 from pipeline.quality.report import (
     cluster_entropy,
+    collect_sample,
     cosine_statistics,
     host_concentration,
     run,
+    sample_documents,
 )
 
 
@@ -111,6 +114,17 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     assert metrics["mean_pairwise_cosine"] == pytest.approx(
         cosine_statistics(vectors)["mean_pairwise_cosine"], abs=1e-6
     )
+    # Embedded again (the same rows, another shuffle): the same vectors to the last bit.
+    from pyspark.sql import functions as F
+
+    spark = spark_session(config, "quality-test")
+    docs = spark.read.parquet(str(clean.path / "documents")).withColumn("n_chars", F.length("text"))
+    again = collect_sample(sample_documents(docs, config), config.quality.encoder)
+    assert again.ids == embeddings.column("id").to_pylist()
+    assert np.array_equal(
+        again.embeddings, np.array(embeddings.column("embedding").to_pylist(), dtype=np.float32)
+    )
+
     # Vendi from the saved vectors, by its definition: exp(entropy of the eigenvalues of K/n).
     eigenvalues = np.clip(np.linalg.eigvalsh(vectors @ vectors.T / len(vectors)), 0, None)
     eigenvalues = eigenvalues[eigenvalues > 1e-12]
