@@ -150,6 +150,23 @@ def shares(steps: list[Step]) -> dict[str, float | None]:
     }
 
 
+def clean_details(manifest: Manifest) -> dict:
+    """What the funnel's rows do not show, from the clean manifest along the lineage: documents kept and
+    dropped per language, and the PII clean redacted in the kept documents (it drops none for PII)."""
+    for stage in lineage(manifest):
+        if stage.stage == "clean":
+            counters = stage.counters
+            kept, dropped = counters.get("kept_by_language", {}), counters.get("dropped_by_language", {})
+            return {
+                "languages": {
+                    lang: {"kept": int(kept.get(lang, 0)), "dropped": int(dropped.get(lang, 0))}
+                    for lang in sorted(set(kept) | set(dropped))
+                },
+                "pii_redacted": {kind: int(n) for kind, n in counters.get("pii_redacted", {}).items()},
+            }
+    return {"languages": {}, "pii_redacted": {}}
+
+
 def as_rows(steps: list[Step]) -> list[dict]:
     return [asdict(step) for step in steps]
 

@@ -99,6 +99,8 @@ def plot_embeddings(embeddings: np.ndarray, labels: Sequence[str], path: Path, t
 def _cell(value: Any) -> str:
     if value is None:
         return "<td class='na'>n/a</td>"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)  # a count that went through the trends' arithmetic
     if isinstance(value, float):
         return f"<td class='num'>{value:.4g}</td>"
     if isinstance(value, int):
@@ -112,11 +114,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _image(path: Path | None) -> str:
+def _image(path: Path | None, wide: bool = False) -> str:
     if path is None:
         return ""
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+    style = ' class="wide"' if wide else ""
+    return f'<img alt="{html.escape(path.stem)}"{style} src="data:image/png;base64,{data}">'
 
 
 def _gate(verdict: Mapping[str, Any] | None) -> str:
@@ -148,7 +151,7 @@ def _trend_rows(trend: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
 _STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:1200px}td,th{padding:2px 10px;text-align:left}"
     "td.num{text-align:right;font-variant-numeric:tabular-nums}td.na{color:#999}"
-    "img{max-width:48%;margin:4px;vertical-align:top}.fail{background:#fde2e1;padding:4px 12px}"
+    "img{max-width:48%;margin:4px;vertical-align:top}img.wide{max-width:96%}.fail{background:#fde2e1;padding:4px 12px}"
     ".warn{background:#fff4d6;padding:4px 12px}.pass{color:#176b2c}section{margin-top:1.5em}"
     "small{color:#555}"
 )
@@ -177,11 +180,15 @@ def write_page(
     funnel_rows = [
         [s["stage"], s["reason"], s["documents"], s.get("characters")] for s in metrics.get("funnel", [])
     ]
+    language_rows = [
+        [lang, row["kept"], row["dropped"]] for lang, row in metrics.get("funnel_languages", {}).items()
+    ]
+    pii = ", ".join(f"{kind} {count:,}" for kind, count in metrics.get("pii_redacted", {}).items()) or "none"
     host_rows = [[row["domain"], row["documents"], row["characters"]] for row in hosts[:50]]
     other = [
         [key, value if isinstance(value, int | float | str) or value is None else json.dumps(value)]
         for key, value in sorted(metrics.items())
-        if key not in ("funnel", "gate", "subjects", "warnings")
+        if key not in ("funnel", "funnel_languages", "gate", "subjects", "warnings")
     ]
     compared = (
         f"<p>Compared with snapshot <b>{html.escape(previous)}</b>.</p>"
@@ -202,8 +209,10 @@ closest to (embedding cosine); "unassigned" when no subject is close or two are 
 {_table(["subject", "documents", "share", "mean margin"], subject_rows)}{_image(images.get("subjects"))}</section>
 <section><h2>Diversity</h2>{_table(["metric", "value", "meaning"], diversity)}
 {_image(images.get("compression"))}{_image(images.get("embeddings"))}</section>
-<section><h2>Drop funnel</h2>{_table(["stage", "step", "documents", "characters"], funnel_rows)}{_image(images.get("funnel"))}</section>
-<section><h2>Across snapshots</h2>{compared}{_image(images.get("trends"))}</section>
+<section><h2>Drop funnel</h2>{_table(["stage", "step", "documents", "characters"], funnel_rows)}{_image(images.get("funnel"))}
+<p>Clean, per language:</p>{_table(["language", "kept", "dropped"], language_rows)}
+<p>PII redacted in the kept documents (replaced by placeholders, not dropped): {html.escape(pii)}.</p></section>
+<section><h2>Across snapshots</h2>{compared}{_image(images.get("trends"), wide=True)}</section>
 <section><h2>Hosts</h2><small>The web host of each document (not its subject).</small>
 {_image(images.get("hosts"))}{_image(images.get("lengths"))}
 {_table(["host", "documents", "characters"], host_rows)}</section>

@@ -40,7 +40,7 @@ from pipeline.core.spark import spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
-from pipeline.quality.funnel import as_rows, funnel, plot_waterfall, shares
+from pipeline.quality.funnel import as_rows, clean_details, funnel, plot_waterfall, shares
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -304,6 +304,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         topics = subject_view(sample, quality)
         ratios = [diversity.compression_ratio(text) for text in sample.texts if text]
         steps = funnel(documents_ref.manifest())
+        cleaned = clean_details(documents_ref.manifest())
         metrics = {
             "documents": covered.documents,
             "characters": covered.characters,
@@ -326,6 +327,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             ),
             **topics.metrics,
             "funnel": as_rows(steps),
+            "funnel_languages": cleaned["languages"],
+            "pii_redacted": cleaned["pii_redacted"],
         }
         warnings = topics.warnings
         metrics["warnings"] = warnings

@@ -160,6 +160,12 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     assert html.count("data:image/png;base64,") == 7
     for heading in ("Subjects", "Diversity", "Drop funnel", "Across snapshots", "Hosts"):
         assert f"<h2>{heading}</h2>" in html
+    clean_counters = clean.manifest().counters
+    assert metrics["funnel_languages"]["en"]["kept"] == clean_counters["kept_by_language"]["en"]
+    assert sum(row["dropped"] for row in metrics["funnel_languages"].values()) == sum(
+        clean_counters["dropped"].values()
+    )
+    assert metrics["pii_redacted"] == clean_counters["pii_redacted"] and "PII redacted" in html
     funnel = metrics["funnel"]
     assert funnel[-1]["reason"] == "kept" and funnel[-1]["documents"] == len(documents)
     assert funnel[0]["documents"] == sum(step["documents"] for step in funnel[1:])
