@@ -100,6 +100,9 @@ class StandaloneCluster:
             "SPARK_LOCAL_DIRS": str(self.folder / "local"),
             "SPARK_CONF_DIR": str(self.folder / "conf"),  # empty: no spark-defaults from elsewhere
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            # A master whose port was taken since free_port() fails, instead of moving to the next port
+            # where nobody would look for it.
+            "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0",
             # Executors run this interpreter and import this checkout's `pipeline`, as the driver does.
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             "PYTHONPATH": os.pathsep.join(

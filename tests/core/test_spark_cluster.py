@@ -10,15 +10,18 @@ manifests' config hashes must agree too.
 """
 
 import shutil
+import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from operators.spark import PipelineSparkSubmitOperator, stage_application
+from pipeline.core import spark_cluster
 from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
-from pipeline.core.spark_cluster import standalone_cluster
+from pipeline.core.spark_cluster import ClusterStartError, standalone_cluster
 from pipeline.core.storage import DatasetRef
 from tests.conftest import make_config
 
@@ -71,7 +74,7 @@ def spark_submit(cluster, stage: str, snapshot: str, config_file: Path) -> None:
     ]
     lines: list[str] = []
     try:
-        run_streaming(command, on_line=lines.append)
+        run_streaming(command, on_line=lines.append, die_with_parent=signal.SIGTERM)
     except ChildFailedError as failed:
         pytest.fail(f"{failed}\n" + "\n".join(lines[-60:]))
 
@@ -119,3 +122,34 @@ def test_clean_dedup_and_tokenize_on_a_standalone_cluster_match_local_mode(clust
         written = {p.relative_to(on_cluster).as_posix() for p in on_cluster.rglob("*") if p.is_file()}
         assert written == {*expected.files, MANIFEST_NAME, SUCCESS_NAME}, stage
     assert Manifest.read(ref("tokenize", "cluster").path / MANIFEST_NAME).rows["train_documents"] > 0
+
+
+def test_a_master_that_cannot_start_fails_the_start_at_once_and_nothing_is_left(tmp_path, monkeypatch):
+    """Its port taken (by anyone, after free_port() chose it), the master exits; the start says so with the
+    master's log, and the worker already started is stopped too."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(spark_cluster, "free_port", lambda: taken.getsockname()[1])
+        started = []
+        monkeypatch.setattr(
+            spark_cluster.StandaloneCluster,
+            "stop",
+            record_and_stop(spark_cluster.StandaloneCluster.stop, started),
+        )
+        with (
+            pytest.raises(ClusterStartError, match=r"spark master exited with status") as failed,
+            standalone_cluster(tmp_path, workers=1),
+        ):
+            pytest.fail("the cluster started on a port in use")
+    assert "BindException" in str(failed.value) or "Address already in use" in str(failed.value)
+    (processes,) = started
+    assert len(processes) == 2 and all(process.poll() is not None for process in processes)
+
+
+def record_and_stop(stop, started):
+    def recording(cluster):
+        started.append([process for _, process in cluster.processes])
+        stop(cluster)
+
+    return recording
