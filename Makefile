@@ -9,13 +9,14 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow chromium
+.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
 	@echo "make test   lint, then run the test suite"
 	@echo "make test-fast  lint, then the tests not marked slow (no Spark, Scrapy crawl, torchrun, Airflow, nvcc, servers)"
 	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
+	@echo "make spark-cluster  start a Spark standalone master + 2 workers on 127.0.0.1 to submit stages to"
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
@@ -67,6 +68,17 @@ airflow: $(STAMP) check-java
 	AIRFLOW__API__BASE_URL=http://127.0.0.1:$(AIRFLOW_PORT) \
 	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
 	$(BIN)/python -m operators.local_airflow
+
+# A Spark standalone cluster on this machine (pipeline/core/spark_cluster.py): a master and SPARK_WORKERS workers
+# on 127.0.0.1 with free ports, SPARK_WORKER_CORES cores and SPARK_WORKER_MEMORY each, the one the cluster test
+# (tests/core/test_spark_cluster.py) starts. It prints the master URL, the web UI and the pretrain_spark connection
+# value; Ctrl-C stops it, workers, executors and all.
+SPARK_WORKERS ?= 2
+SPARK_WORKER_CORES ?= 1
+SPARK_WORKER_MEMORY ?= 1g
+spark-cluster: $(STAMP) check-java
+	$(BIN)/python -m pipeline.core.spark_cluster --workers $(SPARK_WORKERS) --cores $(SPARK_WORKER_CORES) \
+		--memory $(SPARK_WORKER_MEMORY)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -9,12 +9,22 @@ Which master: when the Airflow connection ``pretrain_spark`` exists, its master 
 session takes the master from spark-submit (see ``pipeline.core.spark.launched_by_spark_submit``). Without
 the connection the job runs in local mode with ``spark.master`` from the config, where the provider would
 otherwise fall back to YARN.
+
+Besides the provider's own extras (``deploy-mode``, ``namespace``, ...), the connection's extra may hold
+``conf``, Spark settings for every job submitted there (a cluster's ``spark.kubernetes.*`` settings: image,
+service account, pod templates, volumes), under any conf the task sets; a ``spark.pyspark.python`` among them
+names the interpreter on the cluster, for the driver and the executors. ``application-root`` is where the
+stages' files are on the cluster: with ``local:///opt/venv/lib/python3.11/site-packages`` (the pipeline image)
+clean submits ``local:///opt/venv/lib/python3.11/site-packages/pipeline/clean/__main__.py``. A driver that
+runs on Kubernetes (``--deploy-mode cluster``) needs it: it cannot read this machine's files.
+docker/k8s/spark-connection.json is such a connection.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.exceptions import AirflowNotFoundException
@@ -30,9 +40,66 @@ from pipeline.stages import stage as registered_stage
 SPARK_CONN_ID = "pretrain_spark"
 
 
-def stage_application(stage: str) -> str:
-    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`."""
-    return registered_stage(stage).application_file()
+def stage_application(stage: str, root: str | None = None) -> str:
+    """The file spark-submit runs for a stage: the `__main__.py` behind `pretrain <stage>`, here, or under
+    ``root`` (a folder or ``local://`` URI holding the ``pipeline`` package where the driver runs)."""
+    entry = registered_stage(stage)
+    if root is None:
+        return entry.application_file()
+    return f"{root.rstrip('/')}/{entry.package.replace('.', '/')}/__main__.py"
+
+
+def spark_connection(conn_id: str) -> Connection | None:
+    try:
+        return SparkSubmitHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+@dataclass(frozen=True)
+class SubmitTarget:
+    """What the Spark connection adds to every submit: its ``conf`` and ``application-root`` extras."""
+
+    conn_id: str
+    conf: Mapping[str, str] = field(default_factory=dict)
+    application_root: str | None = None
+    driver_on_kubernetes: bool = False  # a k8s:// master in cluster mode: the driver runs in a pod
+
+    @classmethod
+    def of(cls, conn_id: str, deploy_mode: str | None = None) -> SubmitTarget:
+        """``deploy_mode``: the task's own, which wins over the connection's (as in the provider's hook)."""
+        connection = spark_connection(conn_id)
+        if connection is None:
+            return cls(conn_id)
+        extra = connection.extra_dejson
+        conf = extra.get("conf") or {}
+        if not isinstance(conf, Mapping) or not all(
+            isinstance(value, str | int | float | bool) for value in conf.values()
+        ):
+            raise ValueError(
+                f"connection {conn_id!r}: extra 'conf' must be an object of Spark settings to strings, "
+                f'e.g. {{"spark.executor.memory": "4g"}}; got {conf!r}'
+            )
+        kubernetes = connection.conn_type == "k8s" or (connection.host or "").startswith("k8s://")
+        return cls(
+            conn_id,
+            conf={key: _conf_value(value) for key, value in conf.items()},
+            application_root=extra.get("application-root"),
+            driver_on_kubernetes=kubernetes and (deploy_mode or extra.get("deploy-mode")) == "cluster",
+        )
+
+    def application(self, stage: str) -> str:
+        if self.application_root is None and self.driver_on_kubernetes:
+            raise ValueError(
+                f"connection {self.conn_id!r}: a driver on Kubernetes (deploy-mode cluster) cannot read "
+                f"{stage_application(stage)} from this machine; set the extra 'application-root' to where "
+                "the image holds the pipeline package, e.g. local:///opt/venv/lib/python3.11/site-packages"
+            )
+        return stage_application(stage, self.application_root)
+
+
+def _conf_value(value: str | int | float | bool) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class LocalDefaultSparkSubmitHook(SparkSubmitHook):
@@ -88,8 +155,11 @@ class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
     def prepare_submit(self) -> PipelineConfig:
         """Fill in what spark-submit runs: the stage's file, its arguments, the interpreter, driver memory."""
         config = self.resolved_config()
-        python = sys.executable  # the venv's interpreter, with pyarrow and our package, on driver and workers
-        self.application = stage_application(self.stage)
+        target = SubmitTarget.of(self._conn_id, self._deploy_mode)
+        # The interpreter with pyarrow and our package, on driver and executors: this venv's, unless the
+        # connection names the cluster's (the image's, on Kubernetes).
+        python = target.conf.get("spark.pyspark.python", sys.executable)
+        self.application = target.application(self.stage)
         self.application_args = [
             *self.cli_arguments(),
             *(["--input-stage", self.input_stage] if self.input_stage else []),
@@ -101,6 +171,7 @@ class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
             "spark.pyspark.driver.python": python,
             "spark.ui.showConsoleProgress": "false",
             "spark.log.level": "WARN",  # the task log gets our stage's lines, not Spark's start-up chatter
+            **target.conf,
             **(self.conf or {}),
         }
         self.env_vars = {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, **(self.env_vars or {})}

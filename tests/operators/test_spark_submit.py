@@ -105,3 +105,82 @@ def test_each_spark_stage_submits_its_own_entrypoint():
     assert stage_application("tokenize") == str(PROJECT_ROOT / "pipeline" / "tokenization" / "__main__.py")
     with pytest.raises(ValueError, match="unknown stage 'dedupe'"):
         stage_application("dedupe")
+
+
+K8S_CONNECTION_FILE = PROJECT_ROOT / "docker" / "k8s" / "spark-connection.json"
+
+
+def kubernetes_connection(monkeypatch, **extra_changes):
+    """docker/k8s/spark-connection.json, as `airflow connections import` reads it, in the environment."""
+    from airflow.secrets.local_filesystem import load_connections_dict
+
+    connection = load_connections_dict(str(K8S_CONNECTION_FILE))["pretrain_spark"]
+    extra = {**connection.extra_dejson, **extra_changes}
+    value = {"conn_type": connection.conn_type, "host": connection.host, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_PRETRAIN_SPARK", json.dumps(value))
+    return extra
+
+
+def test_the_kubernetes_connection_submits_the_image_stage_in_cluster_mode(tmp_path, monkeypatch):
+    extra = kubernetes_connection(monkeypatch)
+    op = PipelineSparkSubmitOperator(
+        stage="dedup",
+        snapshot="2026-11-29",
+        config_path="",
+        overrides=["spark.driver_memory=3g"],
+        conf={"spark.executor.instances": "8"},  # the task's own conf wins over the connection's
+    )
+    op.prepare_submit()
+    command = op._get_hook()._build_spark_submit_command(op.application)
+    assert value_after(command, "--master") == "k8s://https://kubernetes.default.svc:443"
+    assert value_after(command, "--deploy-mode") == "cluster"
+    assert value_after(command, "--driver-memory") == "3g"
+    settings = confs(command)
+    assert settings["spark.kubernetes.namespace"] == "pretrain"  # the provider's `namespace` extra
+    for key, value in extra["conf"].items():
+        assert settings[key] == (value if key != "spark.executor.instances" else "8"), key
+    # The image's interpreter, not this machine's, on the driver (and so for its executors).
+    assert settings["spark.pyspark.python"] == "/opt/venv/bin/python"
+    assert settings["spark.kubernetes.driverEnv.PYSPARK_PYTHON"] == "/opt/venv/bin/python"
+    assert "spark.driver.bindAddress" not in settings
+    # The stage's file inside the image, then the same arguments as everywhere else.
+    application = "local:///opt/venv/lib/python3.11/site-packages/pipeline/dedup/__main__.py"
+    at = command.index(application)
+    # project.data_root is the image's (/data, where the volume is mounted) unless the task sets it.
+    assert command[at + 1 :] == ["--snapshot", "2026-11-29", "--set", "spark.driver_memory=3g"]
+
+
+def test_a_driver_on_kubernetes_needs_the_application_root(tmp_path, monkeypatch):
+    kubernetes_connection(monkeypatch, **{"application-root": None})
+    op = PipelineSparkSubmitOperator(stage="clean", snapshot="s1", config_path="", overrides=[])
+    with pytest.raises(
+        ValueError, match=r"pretrain_spark.*cannot read .*pipeline/clean/__main__\.py.*application-root"
+    ):
+        op.prepare_submit()
+    # In client mode the driver is here and reads this checkout's file.
+    kubernetes_connection(monkeypatch, **{"application-root": None, "deploy-mode": "client"})
+    op.prepare_submit()
+    assert op.application == str(PROJECT_ROOT / "pipeline" / "clean" / "__main__.py")
+
+
+def test_connection_conf_must_be_an_object_of_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PRETRAIN_SPARK",
+        json.dumps({"conn_type": "spark", "host": "spark://m:7077", "extra": {"conf": ["spark.x=1"]}}),
+    )
+    op = PipelineSparkSubmitOperator(stage="clean", snapshot="s1", config_path="", overrides=[])
+    with pytest.raises(ValueError, match=r"extra 'conf' must be an object of Spark settings"):
+        op.prepare_submit()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_PRETRAIN_SPARK",
+        json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "spark://m:7077",
+                "extra": {"conf": {"spark.dynamicAllocation.enabled": True, "spark.executor.cores": 2}},
+            }
+        ),
+    )
+    _, command = submit_command(tmp_path)
+    assert confs(command)["spark.dynamicAllocation.enabled"] == "true"  # Spark's spelling, not Python's
+    assert confs(command)["spark.executor.cores"] == "2"
