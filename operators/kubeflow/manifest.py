@@ -134,12 +134,34 @@ def container_command(snapshot: str, input_stage: str, nproc_per_node: int, node
     return ["/bin/sh", "-c", script, "pretrain-train", snapshot, input_stage]
 
 
+# The uid and gid the images run as (docker/*.Dockerfile: USER 10001:10001); the kubelet checks runAsNonRoot
+# against runAsUser, not against the image's USER name.
+RUN_AS = 10001
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod level: non-root, the images' uid, files on the data volume group-owned, the default seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """Container level: no privilege escalation, no Linux capabilities (NCCL over TCP or IB verbs needs none)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def node_resources(settings: KubernetesJobSettings, nproc_per_node: int) -> dict[str, dict[str, Any]]:
-    """Each node's (pod's) requests and limits: CPU, memory and nvidia.com/gpu, one GPU per process by default."""
+    """Each node's (pod's) requests and limits: CPU, memory and nvidia.com/gpu, one GPU per process by default.
+    Limits equal requests, so a node pod has the Guaranteed QoS class and is the last to be evicted."""
     gpus = nproc_per_node if settings.gpus_per_node is None else settings.gpus_per_node
     resources: dict[str, dict[str, Any]] = {
         "requests": {"cpu": settings.cpu, "memory": settings.memory},
-        "limits": {"memory": settings.memory},
+        "limits": {"cpu": settings.cpu, "memory": settings.memory},
     }
     if gpus:
         resources["requests"]["nvidia.com/gpu"] = gpus
@@ -247,9 +269,11 @@ def _pod_template(
                 "env": container_env(config, settings, name=name, lineage=lineage),
                 "ports": [{"name": PORT_NAME, "containerPort": settings.rdzv_port, "protocol": "TCP"}],
                 "resources": node_resources(settings, nproc),
+                "securityContext": container_security_context(),
                 "volumeMounts": data_volume_mounts(config),
             }
         ],
+        "securityContext": pod_security_context(),
         "volumes": data_volumes(settings),
         **scheduling(settings),
     }

@@ -14,7 +14,9 @@ from operators.kubeflow.manifest import (
     CONFIG_ENV,
     InvalidManifestError,
     KubernetesJobSettings,
+    container_security_context,
     crd_errors,
+    pod_security_context,
     render_pytorch_job,
 )
 from operators.kubeflow.trainjob import (
@@ -69,7 +71,7 @@ def test_two_node_job_sets_nodes_processes_gpus_volumes_and_nccl():
     assert trainer["image"] == "pretrain-pipeline:latest"
     assert trainer["resourcesPerNode"] == {
         "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 8},  # one GPU per process by default
-        "limits": {"memory": "32Gi", "nvidia.com/gpu": 8},
+        "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 8},
     }
     # torchrun meets the other node in the static rendezvous of the PET_* variables the Trainer injects.
     script = trainer["command"][2]
@@ -284,6 +286,9 @@ def test_shipped_runtime_is_valid_and_matches_the_defaults():
     assert spec["template"]["spec"]["failurePolicy"]["maxRestarts"] == defaults.max_restarts
     pod = spec["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["imagePullPolicy"] == defaults.image_pull_policy
+    # The same hardening as the v1 pod templates, declared once in operators/kubeflow/manifest.py.
+    assert pod["securityContext"] == pod_security_context()
+    assert pod["containers"][0]["securityContext"] == container_security_context()
 
 
 def test_runtime_crd_schema_is_v2_2_or_later():
