@@ -64,7 +64,7 @@ class KubernetesJobSettings:
     """trainer-v2: the ClusterTrainingRuntime the TrainJob references (docker/k8s/torch-distributed-runtime.yaml)."""
     image: str = "pretrain-pipeline:latest"
     image_pull_policy: str = "IfNotPresent"
-    namespace: str = "default"
+    namespace: str = "pretrain"  # docker/k8s/namespace.yaml: the jobs, the Spark pods and the data volume
     pvc_name: str = "pretrain-data"
     gpus_per_node: int | None = None
     """nvidia.com/gpu per pod; None means one per process (train.nproc_per_node), 0 a CPU-only job."""
