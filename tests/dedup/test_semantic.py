@@ -4,6 +4,7 @@ end to end in Spark on handwritten paraphrases, same-topic different-fact pairs 
 from __future__ import annotations
 
 import random
+import typing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -144,6 +145,20 @@ def run_dedup(root: Path, table: pa.Table, partitions: int, *overrides: str):
     config = make_config(root, f"spark.shuffle_partitions={partitions}", *overrides)
     clean = publish_clean(config, table, files=partitions)
     return job.run(config, [clean], DatasetRef.of(config, "dedup", SNAPSHOT))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pyspark_ml_after_twisted():
+    """pyspark.ml builds an estimator by reading every attribute of its class. Once Twisted is imported (the
+    crawl tests import Scrapy into this same pytest process), typing.Generic carries an empty zope
+    ``ClassProvides`` that raises AttributeError for every subclass, so KMeans() fails. A stage process never
+    imports both; here the empty declaration is taken off for this module and put back afterwards."""
+    provides = typing.Generic.__dict__.get("__provides__")
+    if provides is not None and not list(provides):
+        del typing.Generic.__provides__
+    yield
+    if provides is not None and "__provides__" not in typing.Generic.__dict__:
+        typing.Generic.__provides__ = provides
 
 
 @pytest.fixture(scope="module")
