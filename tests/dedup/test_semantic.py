@@ -4,7 +4,6 @@ end to end in Spark on handwritten paraphrases, same-topic different-fact pairs 
 from __future__ import annotations
 
 import random
-import typing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -150,15 +149,19 @@ def run_dedup(root: Path, table: pa.Table, partitions: int, *overrides: str):
 @pytest.fixture(scope="module", autouse=True)
 def pyspark_ml_after_twisted():
     """pyspark.ml builds an estimator by reading every attribute of its class. Once Twisted is imported (the
-    crawl tests import Scrapy into this same pytest process), typing.Generic carries an empty zope
-    ``ClassProvides`` that raises AttributeError for every subclass, so KMeans() fails. A stage process never
-    imports both; here the empty declaration is taken off for this module and put back afterwards."""
-    provides = typing.Generic.__dict__.get("__provides__")
-    if provides is not None and not list(provides):
-        del typing.Generic.__provides__
+    crawl tests import Scrapy into this same pytest process), typing.Generic carries a zope ``ClassProvides``
+    that raises AttributeError for every subclass, so KMeans() fails. A stage process never imports both;
+    here such declarations (each about its own class only) are taken off KMeans' bases for this module and
+    put back afterwards."""
+    from pyspark.ml.clustering import KMeans
+
+    taken = {cls: cls.__dict__["__provides__"] for cls in KMeans.__mro__ if "__provides__" in cls.__dict__}
+    for cls in taken:
+        delattr(cls, "__provides__")
     yield
-    if provides is not None and "__provides__" not in typing.Generic.__dict__:
-        typing.Generic.__provides__ = provides
+    for cls, provides in taken.items():
+        if "__provides__" not in cls.__dict__:
+            cls.__provides__ = provides
 
 
 @pytest.fixture(scope="module")
