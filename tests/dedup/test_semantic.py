@@ -148,20 +148,28 @@ def run_dedup(root: Path, table: pa.Table, partitions: int, *overrides: str):
 
 @pytest.fixture(scope="module", autouse=True)
 def pyspark_ml_after_twisted():
-    """pyspark.ml builds an estimator by reading every attribute of its class. Once Twisted is imported (the
-    crawl tests import Scrapy into this same pytest process), typing.Generic carries a zope ``ClassProvides``
-    that raises AttributeError for every subclass, so KMeans() fails. A stage process never imports both;
-    here such declarations (each about its own class only) are taken off KMeans' bases for this module and
-    put back afterwards."""
-    from pyspark.ml.clustering import KMeans
+    """pyspark.ml builds an estimator by reading every attribute its class lists (``Params._copy_params``).
+    Once Twisted and zope.interface are loaded (the crawl tests import Scrapy into this same pytest process),
+    a class can list a zope ``__provides__`` declaration that raises AttributeError when read through it, so
+    KMeans() fails. A stage process never imports both. For this module the copy skips attributes that
+    cannot be read, which are never Params."""
+    from pyspark.ml.param import Param, Params
 
-    taken = {cls: cls.__dict__["__provides__"] for cls in KMeans.__mro__ if "__provides__" in cls.__dict__}
-    for cls in taken:
-        delattr(cls, "__provides__")
+    original = Params._copy_params
+
+    def copy_params(self) -> None:
+        cls = type(self)
+        for name in dir(cls):
+            try:
+                attribute = getattr(cls, name)
+            except AttributeError:
+                continue
+            if isinstance(attribute, Param):
+                setattr(self, name, attribute._copy_new_parent(self))
+
+    Params._copy_params = copy_params
     yield
-    for cls, provides in taken.items():
-        if "__provides__" not in cls.__dict__:
-            cls.__provides__ = provides
+    Params._copy_params = original
 
 
 @pytest.fixture(scope="module")
