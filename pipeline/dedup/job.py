@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
@@ -172,8 +172,10 @@ def pair_similarity(pairs: DataFrame, texts: DataFrame, hasher: MinHasher) -> Da
     with_texts = pairs.join(
         needed.select(F.col("id").alias("src"), F.col("text").alias("src_text")), "src"
     ).join(needed.select(F.col("id").alias("dst"), F.col("text").alias("dst_text")), "dst")
-    return with_texts.select("src", "dst", "src_text", "dst_text").mapInArrow(
-        lambda batches: similarity_batches(batches, hasher), spark_schema(SIMILARITY_SCHEMA)
+    return map_in_arrow(
+        with_texts.select("src", "dst", "src_text", "dst_text"),
+        lambda batches: similarity_batches(batches, hasher),
+        spark_schema(SIMILARITY_SCHEMA),
     )
 
 
@@ -261,8 +263,8 @@ def document_features(
     schema = spark_schema(FEATURES_SCHEMA)
     if dedup.url_dedup:
         schema = schema.add(projected.schema["fetch_time"])
-    features = projected.mapInArrow(
-        lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near), schema
+    features = map_in_arrow(
+        projected, lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near), schema
     ).persist(StorageLevel.MEMORY_AND_DISK)
     stats = features.agg(
         F.count(F.lit(1)).alias("rows"),

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from pipeline.core.spark import spark_schema
+from pipeline.core.spark import map_in_arrow, spark_schema
 from pipeline.dedup.config import SemanticConfig
 from pipeline.embeddings import embed_batches, embedded_schema
 
@@ -134,15 +134,11 @@ def semantic_duplicates(
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
-    embedded = (
-        texts.repartition(layout_files, "id")
-        .sortWithinPartitions("id")
-        .mapInArrow(
-            functools.partial(embed_batches, config=semantic.encoder, keep=("id",)),
-            spark_schema(embedded_schema(("id",))),
-        )
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    embedded = map_in_arrow(
+        texts.repartition(layout_files, "id").sortWithinPartitions("id"),
+        functools.partial(embed_batches, config=semantic.encoder, keep=("id",)),
+        spark_schema(embedded_schema(("id",))),
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     documents = embedded.count()
     clock.done("semantic.embed", "%d documents embedded with %s", documents, semantic.encoder.model)
     embed_seconds = clock.seconds["semantic.embed"]

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
@@ -183,8 +183,8 @@ def lexical_diversity(sample: DataFrame, max_n: int = 2) -> dict[str, float | No
     """Distinct word n-grams over all n-grams of the sample, for n = 1..max_n."""
     from pyspark.sql import functions as F
 
-    ngram_rows = sample.select("text").mapInArrow(
-        functools.partial(ngram_batches, max_n=max_n), spark_schema(NGRAM_SCHEMA)
+    ngram_rows = map_in_arrow(
+        sample.select("text"), functools.partial(ngram_batches, max_n=max_n), spark_schema(NGRAM_SCHEMA)
     )
     distinct = (
         ngram_rows.select("n", "total", F.explode("hashes").alias("h"))
@@ -210,7 +210,8 @@ class Sample:
 
 
 def collect_sample(sample: DataFrame, encoder: EncoderConfig) -> Sample:
-    embedded = sample.mapInArrow(
+    embedded = map_in_arrow(
+        sample,
         functools.partial(embed_batches, config=encoder, keep=("id",)),
         spark_schema(embedded_schema(("id",))),
     )

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
@@ -318,15 +318,13 @@ def encode_documents(
     log.info(
         "encoding ~%.3g tokens in %d tasks with %d thread(s) each", estimated_tokens, partitions, threads
     )
-    results = [
-        row.asDict()
-        for row in docs.where(_kept())
+    ordered = (
+        docs.where(_kept())
         .repartition(partitions, "order")
         .sortWithinPartitions("split", "order", "id", "text")
         .select("split", "text", *DOCUMENT_COLUMNS)
-        .mapInArrow(encode, spark_schema(RESULT_SCHEMA))
-        .collect()
-    ]
+    )
+    results = [row.asDict() for row in map_in_arrow(ordered, encode, spark_schema(RESULT_SCHEMA)).collect()]
     return results, partitions
 
 
