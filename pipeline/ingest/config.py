@@ -34,6 +34,12 @@ class IngestConfig(Section):
         description="an uncompressed JSONL file larger than this is read by several tasks, one per piece "
         "of this size (0: one task per file)",
     )
+    driver_checksum_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="sources that add up to no more than this are checksummed in the driver; larger ones "
+        "in a Spark job, one task per file (its fixed cost outweighs hashing a few small files)",
+    )
     max_record_bytes: int = Field(
         10 * 1024 * 1024, gt=0, description="a larger record (WARC payload, JSONL line, text) is quarantined"
     )

@@ -1,6 +1,7 @@
 """The ingest stage as a Spark job: source files in, the clean stage's input contract out.
 
-1. list the sources in the driver (metadata only) and checksum each file in a Spark task;
+1. list the sources in the driver (metadata only) and checksum each file (in the driver when they are
+   small, else in a Spark task per file);
 2. read each file (each row group of a Parquet file, each piece of a large uncompressed JSONL file) in a
    Spark task of its own (``readers.ingest_batches``):
    one row per record, a document or a quarantined record with its reason;
@@ -16,9 +17,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
 from pipeline.ingest.readers import (
     CHECKSUM_SCHEMA,
@@ -78,10 +81,24 @@ def _listing(spark: SparkSession, files: list[SourceFile], parts: dict[str, list
     return spark.createDataFrame(rdd, columns)
 
 
-def checksums(listing: DataFrame, settings) -> dict[str, dict]:
-    found = listing.mapInArrow(
-        lambda batches: checksum_batches(batches, settings), spark_schema(CHECKSUM_SCHEMA)
-    ).collect()
+def checksums(spark: SparkSession, files: list[SourceFile], settings) -> dict[str, dict]:
+    """path -> bytes, sha256 and (a splittable JSONL file) records before each piece, of every listed file.
+
+    Like Spark's own partition discovery, a small listing is handled in the driver, a large one in a
+    Spark job with one task per file.
+    """
+    if sum(entry.bytes for entry in files) <= settings.driver_checksum_bytes:
+        listing = pa.RecordBatch.from_pylist(
+            [{"path": entry.path, "format": entry.format, "bytes": entry.bytes} for entry in files],
+            schema=pa.schema([("path", pa.string()), ("format", pa.string()), ("bytes", pa.int64())]),
+        )
+        found = [row for batch in checksum_batches(iter([listing]), settings) for row in batch.to_pylist()]
+    else:
+        found = map_in_arrow(
+            _listing(spark, files),
+            lambda batches: checksum_batches(batches, settings),
+            spark_schema(CHECKSUM_SCHEMA),
+        ).collect()
     return {
         row["path"]: {"bytes": row["bytes"], "sha256": row["sha256"], "records_before": row["records_before"]}
         for row in found
@@ -132,7 +149,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         spark = spark_session(config, f"ingest-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
-        sums = checksums(_listing(spark, files), settings)
+        sums = checksums(spark, files, settings)
         for entry in previous or []:
             now = sums.get(entry["path"], {})
             if now.get("sha256") != entry["sha256"]:
@@ -156,8 +173,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             for entry in files
         ]
         unreadable = [entry["path"] for entry in sources if entry["sha256"] is None]
-        rows = _listing(spark, files, parts).mapInArrow(
-            lambda batches: ingest_batches(batches, settings), spark_schema(INGESTED_SCHEMA)
+        rows = map_in_arrow(
+            _listing(spark, files, parts),
+            lambda batches: ingest_batches(batches, settings),
+            spark_schema(INGESTED_SCHEMA),
         )
         rows = rows.cache()
         try:

@@ -113,18 +113,23 @@ def test_every_source_type_reaches_the_token_shards(pipeline_run):
 
 def test_a_jsonl_file_split_across_tasks_gives_the_same_bytes(pipeline_run):
     """ingest.split_bytes: the uncompressed JSONL file is read by one task per piece (5 pieces of an odd
-    size, so they end inside records), with the same records, numbers and output bytes as one task per file."""
+    size, so they end inside records), with the same records, numbers and output bytes as one task per file.
+    Checksummed in a Spark job here (driver_checksum_bytes=0), in the driver by the module's run: the
+    same sizes and sha256."""
     config, sources, _, ref = pipeline_run
     jsonl = sources / "with_ids.jsonl"
     piece = jsonl.stat().st_size // 5 + 1
     listed = json.dumps([str(sources / "*.gz"), str(sources)])
     split = make_config(config.project.data_root, *overrides(config.project.data_root)[1:],
-                        f"ingest.sources={listed}", f"ingest.split_bytes={piece}")  # fmt: skip
+                        f"ingest.sources={listed}", f"ingest.split_bytes={piece}",
+                        "ingest.driver_checksum_bytes=0")  # fmt: skip
     manifest = ingest_job.run(split, [], DatasetRef.of(split, "ingest", "split"))
     tasks = {Path(entry["path"]).name: entry["tasks"] for entry in manifest.extra["sources"]}
     assert tasks["with_ids.jsonl"] == -(-jsonl.stat().st_size // piece) > 1
     assert tasks["no_ids.jsonl.gz"] == 1  # a gzip stream is not split
     assert manifest.counters == ref("ingest").manifest().counters
+    checksummed = lambda m: {e["path"]: (e["bytes"], e["sha256"]) for e in m.extra["sources"]}  # noqa: E731
+    assert checksummed(manifest) == checksummed(ref("ingest").manifest())
     assert {k: v.sha256 for k, v in manifest.files.items()} == {
         k: v.sha256 for k, v in ref("ingest").manifest().files.items()
     }
