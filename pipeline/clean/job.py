@@ -28,15 +28,16 @@ from pipeline.clean import pii
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
+from pipeline.clean.filters.rules import per_language_sql, sql_literal
 from pipeline.clean.language import identify_language
 from pipeline.clean.normalize import decode_utf8, normalize_text
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 STAGE = "clean"
@@ -116,47 +117,35 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
         )
 
 
-def _decision_rules(config: CleanConfig) -> list[tuple[str, Column, Column]]:
-    """(rule name, drop condition, reason) for every rule after the Python pass, in recipe order."""
-    from pyspark.sql import functions as F
-
-    n_chars = F.length("text")
-    languages = F.array(*[F.lit(lang) for lang in config.languages])
-    min_score = F.lit(config.min_language_score)
-    for lang, score in sorted(config.language_min_scores.items()):
-        min_score = F.when(F.col("lang") == lang, F.lit(score)).otherwise(min_score)
+def _decision_rules(config: CleanConfig) -> list[tuple[str, str, str]]:
+    """(rule name, drop condition, reason) for every rule after the Python pass, in recipe order, as Spark
+    SQL (``sql_literal`` says why text)."""
+    languages = ", ".join(sql_literal(lang) for lang in config.languages)
+    min_score = per_language_sql(
+        "lang", {None: config.min_language_score, **config.language_min_scores}, sql_literal
+    )
     decisions = [
         (
             "normalize.too_short",
-            F.col("text").isNull() | (n_chars < config.min_chars),
-            F.concat(
-                F.lit("normalize.too_short: n_chars="),
-                F.coalesce(n_chars, F.lit(0)).cast("string"),
-                F.lit(f" < {config.min_chars}"),
-            ),
+            f"text IS NULL OR length(text) < {config.min_chars}",
+            "concat('normalize.too_short: n_chars=', CAST(coalesce(length(text), 0) AS STRING), "
+            f"{sql_literal(f' < {config.min_chars}')})",
         ),
         (
             "language.not_kept",
-            ~F.coalesce(F.array_contains(languages, F.col("lang")), F.lit(False)),
-            F.concat(
-                F.lit("language.not_kept: lang="),
-                F.coalesce(F.col("lang"), F.lit(UNKNOWN_LANGUAGE)),
-                F.lit(f" not in {sorted(config.languages)}"),
-            ),
+            f"NOT coalesce(array_contains(array({languages}), lang), false)",
+            f"concat('language.not_kept: lang=', coalesce(lang, {sql_literal(UNKNOWN_LANGUAGE)}), "
+            f"{sql_literal(f' not in {sorted(config.languages)}')})",
         ),
         (
             "language.min_score",
-            F.col("lang_score") < min_score,
-            F.concat(
-                F.lit("language.min_score: lang_score="),
-                F.col("lang_score").cast("string"),
-                F.lit(" < "),
-                min_score.cast("string"),
-            ),
+            f"lang_score < {min_score}",
+            f"concat('language.min_score: lang_score=', CAST(lang_score AS STRING), ' < ', "
+            f"CAST({min_score} AS STRING))",
         ),
     ]
     for rule in recipe_rules(config, sorted(config.language_overrides)):
-        decisions.append((rule.name, rule.spark_condition(), rule.spark_reason()))
+        decisions.append((rule.name, rule.sql_condition(), rule.sql_reason()))
     return decisions
 
 
@@ -182,14 +171,22 @@ def clean_documents(extracted: DataFrame, config: PipelineConfig) -> DataFrame:
             ),
         ),
     )
-    prepared = marked.select(*MARKED_SCHEMA.names).mapInArrow(
-        lambda batches: prepare_batches(batches, clean), spark_schema(PREPARED_SCHEMA)
+    prepared = map_in_arrow(
+        marked.select(*MARKED_SCHEMA.names),
+        lambda batches: prepare_batches(batches, clean),
+        spark_schema(PREPARED_SCHEMA),
     )
 
+    # The first rule whose condition holds names the drop: a CASE takes the first true WHEN.
     decisions = _decision_rules(clean)
-    first_rule = F.coalesce(F.col("drop_rule"), *[F.when(cond, F.lit(name)) for name, cond, _ in decisions])
-    first_reason = F.coalesce(F.col("drop_reason"), *[F.when(cond, reason) for _, cond, reason in decisions])
-    decided = prepared.withColumn("drop_reason", first_reason).withColumn("drop_rule", first_rule)
+    first_rule = " ".join(f"WHEN {cond} THEN {sql_literal(name)}" for name, cond, _ in decisions)
+    first_reason = " ".join(f"WHEN {cond} THEN {reason}" for _, cond, reason in decisions)
+    decided = prepared.withColumns(
+        {
+            "drop_reason": F.expr(f"coalesce(drop_reason, CASE {first_reason} END)"),
+            "drop_rule": F.expr(f"coalesce(drop_rule, CASE {first_rule} END)"),
+        }
+    )
 
     # Kept documents and FineWeb drops carry C4's text (its line removals), like datatrove's pipeline.
     takes_c4_text = F.col("drop_rule").isNull() | F.col("drop_rule").startswith("fineweb.")
@@ -286,9 +283,11 @@ def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineCon
     # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
     pages = pages.repartition(config.spark.shuffle_partitions, "id")
     crawl_root = str(source.path)
-    return pages.select(
-        "id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"
-    ).mapInArrow(lambda batches: extract_batches(batches, crawl_root), spark_schema(EXTRACTED_SCHEMA))
+    return map_in_arrow(
+        pages.select("id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"),
+        lambda batches: extract_batches(batches, crawl_root),
+        spark_schema(EXTRACTED_SCHEMA),
+    )
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:

@@ -7,6 +7,7 @@ each rule can be tested at, above and below its threshold without Spark.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,40 +43,58 @@ class Rule:
             return False
         return _OPS[self.op](value, threshold)
 
-    def spark_condition(self, signals_col: str = "signals", lang_col: str = "lang"):
-        from pyspark.sql import functions as F
+    def sql_condition(self, signals_col: str = "signals", lang_col: str = "lang") -> str:
+        """The drop condition as Spark SQL. A null signal or threshold makes it null: not a drop."""
+        value = _signal_column(signals_col, self.signal)
+        threshold = per_language_sql(lang_col, self.thresholds, sql_literal)
+        compare = f"({value} {'=' if self.op == '==' else self.op} {threshold})"
+        return f"({compare} AND {value} != 0)" if self.unless_zero else compare
 
-        value = F.col(f"{signals_col}.{self.signal}")
-        languages = [lang for lang in self.thresholds if lang is not None]
-        threshold = F.lit(self.thresholds.get(None))
-        for lang in languages:
-            threshold = F.when(F.col(lang_col) == lang, F.lit(self.thresholds[lang])).otherwise(threshold)
-        compare = {"<": value < threshold, ">": value > threshold, "==": value == threshold}[self.op]
-        if self.unless_zero:
-            compare = compare & (value != 0)
-        # A null signal or threshold makes the comparison null, which `when` treats as false.
-        return compare
-
-    def spark_reason(self, signals_col: str = "signals", lang_col: str = "lang"):
-        from pyspark.sql import functions as F
-
-        value = F.col(f"{signals_col}.{self.signal}").cast("string")
-        threshold = F.lit(None).cast("string")
-        default = self.thresholds.get(None)
-        if default is not None:
-            threshold = F.lit(repr(default))
-        for lang in (lang for lang in self.thresholds if lang is not None):
-            specific = self.thresholds[lang]
-            threshold = F.when(
-                F.col(lang_col) == lang, F.lit(repr(specific) if specific is not None else None)
-            ).otherwise(threshold)
-        prefix = F.lit(f"{self.name}: {self.signal.split('.')[1]}=")
-        return F.concat(
-            prefix,
-            F.coalesce(value, F.lit("null")),
-            F.lit(f" {self.op} "),
-            F.coalesce(threshold, F.lit("null")),
+    def sql_reason(self, signals_col: str = "signals", lang_col: str = "lang") -> str:
+        """Why it dropped, as Spark SQL: "<rule>: <signal>=<value> <op> <threshold>"."""
+        value = _signal_column(signals_col, self.signal)
+        threshold = per_language_sql(
+            lang_col, self.thresholds, lambda v: sql_literal(None if v is None else repr(v))
         )
+        prefix = sql_literal(f"{self.name}: {self.signal.split('.')[1]}=")
+        return (
+            f"concat({prefix}, coalesce(CAST({value} AS STRING), 'null'), {sql_literal(f' {self.op} ')}, "
+            f"coalesce({threshold}, 'null'))"
+        )
+
+
+def sql_literal(value: Any) -> str:
+    """A Spark SQL literal of the type ``F.lit`` gives the value: NULL, BOOLEAN, INT/BIGINT, DOUBLE, STRING.
+
+    Decisions are written as SQL text, not built as Column trees: a Column costs several Py4J calls per
+    node, and the recipe's ~30 rules made that most of a clean run's driver time.
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value!r}D" if math.isfinite(value) else f"CAST('{value!r}' AS DOUBLE)"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise TypeError(f"no Spark SQL literal for {value!r} ({type(value).__name__})")
+
+
+def _signal_column(signals_col: str, signal: str) -> str:
+    return ".".join(f"`{part}`" for part in (signals_col, *signal.split(".")))
+
+
+def per_language_sql(lang_col: str, values: Mapping[str | None, Any], literal) -> str:
+    """``values[lang]`` for the row's language, ``values[None]`` for any other, as a SQL CASE."""
+    specific = [lang for lang in values if lang is not None]
+    if not specific:
+        return literal(values.get(None))
+    cases = " ".join(
+        f"WHEN `{lang_col}` = {sql_literal(lang)} THEN {literal(values[lang])}" for lang in specific
+    )
+    return f"CASE {cases} ELSE {literal(values.get(None))} END"
 
 
 def first_failing(
