@@ -258,13 +258,21 @@ def clean_counters(decided: DataFrame) -> dict:
     }
 
 
-def write_outputs(decided: DataFrame, path, num_files: int) -> None:
+def write_outputs(decided: DataFrame, path, num_files: int, counters: dict | None = None) -> None:
+    """documents/ and excluded/; with ``clean_counters``' counts, an empty one is written without a job."""
     from pyspark.sql import functions as F
 
+    kept = counters["kept"] if counters else None
+    excluded = counters["input_pages"] - counters["kept"] if counters else None
     write_parquet(
-        decided.where(F.col("drop_rule").isNull()).select(*DOCUMENT_COLUMNS), path / "documents", num_files
+        decided.where(F.col("drop_rule").isNull()).select(*DOCUMENT_COLUMNS),
+        path / "documents",
+        num_files,
+        known_rows=kept,
     )
-    write_parquet(decided.where(F.col("drop_rule").isNotNull()), path / "excluded", num_files)
+    write_parquet(
+        decided.where(F.col("drop_rule").isNotNull()), path / "excluded", num_files, known_rows=excluded
+    )
 
 
 def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineConfig) -> DataFrame:
@@ -297,8 +305,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         extracted = extracted_pages(spark, source, config)
         decided = clean_documents(extracted, config).cache()
         try:
-            write_outputs(decided, out.path, config.spark.output_files)
             counters = clean_counters(decided)
+            write_outputs(decided, out.path, config.spark.output_files, counters)
         finally:
             decided.unpersist()
         log.info(

@@ -81,7 +81,12 @@ def map_in_arrow(df: DataFrame, body, schema) -> DataFrame:
 
 
 def write_parquet(
-    df: DataFrame, path: Path, num_files: int, key: str = "id", tiebreak: tuple[str, ...] = ()
+    df: DataFrame,
+    path: Path,
+    num_files: int,
+    key: str = "id",
+    tiebreak: tuple[str, ...] = (),
+    known_rows: int | None = None,
 ) -> int:
     """Write df so the bytes depend only on its rows, not on partitioning or on which JVM ran it.
 
@@ -89,6 +94,7 @@ def write_parquet(
     ``tiebreak`` (columns that order rows sharing a key, where the key need not be unique).
     Each Spark task writes its file with pyarrow: Spark's own Parquet writer records column encodings
     in JVM hash-set order, which changes between JVM runs. Returns the number of rows written.
+    ``known_rows=0`` (the caller has counted them) writes the empty dataset without a Spark job.
     """
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -96,6 +102,9 @@ def write_parquet(
     path.mkdir(parents=True, exist_ok=False)
     arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
     folder = str(path)
+    if known_rows == 0:
+        _write_empty(path / "part-00000.parquet", arrow_schema)
+        return 0
 
     def write_partition(batches):
         import os
@@ -114,18 +123,26 @@ def write_parquet(
             writer.write_batch(batch.cast(arrow_schema) if batch.schema != arrow_schema else batch)
             rows += batch.num_rows
         if writer is None and partition == 0:
-            # Keep the schema readable even when the dataset is empty.
-            writer = pq.ParquetWriter(temporary, arrow_schema, compression="zstd")
-        if writer is not None:
+            _write_empty(temporary, arrow_schema)  # keep the schema readable when the dataset is empty
+            os.replace(temporary, target)
+        elif writer is not None:
             writer.close()
             os.replace(temporary, target)
         yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
     ordered = df.repartition(num_files, key).sortWithinPartitions(key, *tiebreak)
-    written = int(map_in_arrow(ordered, write_partition, "rows long").groupBy().sum("rows").first()[0] or 0)
+    # One row per task, summed here: an aggregation in Spark would add a job to every write.
+    written = sum(row["rows"] for row in map_in_arrow(ordered, write_partition, "rows long").collect())
     if written == 0 and not any(path.glob("*.parquet")):
         # A DataFrame with no partition at all never runs write_partition: keep the schema readable anyway.
-        import pyarrow.parquet as pq
-
-        pq.write_table(arrow_schema.empty_table(), path / "part-00000.parquet", compression="zstd")
+        _write_empty(path / "part-00000.parquet", arrow_schema)
+    if known_rows is not None and written != known_rows:
+        raise RuntimeError(f"{path}: wrote {written} rows, {known_rows} were counted")
     return written
+
+
+def _write_empty(target, arrow_schema) -> None:
+    """A Parquet file with the schema and no rows, the same bytes whichever way an empty dataset is written."""
+    import pyarrow.parquet as pq
+
+    pq.ParquetWriter(target, arrow_schema, compression="zstd").close()

@@ -180,6 +180,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         rows = rows.cache()
         try:
+            # Counted first, so an empty output (often excluded/) is written without a Spark job.
+            counters = ingest_counters(rows)
             reasons = F.col("drop_reason")
             # The same URL or text in two files gives two rows with one id: their place in the file decides.
             order = ("source_file", "source_record")
@@ -188,6 +190,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 out.path / "documents",
                 config.spark.output_files,
                 tiebreak=order,
+                known_rows=counters["documents"],
             )
             excluded = rows.where(reasons.isNotNull() & ~reasons.startswith(SKIPPED))
             write_parquet(
@@ -195,8 +198,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 out.path / "excluded",
                 config.spark.output_files,
                 tiebreak=order,
+                known_rows=counters["excluded"],
             )
-            counters = ingest_counters(rows)
         finally:
             rows.unpersist()
         counters["source_files"] = len(sources)

@@ -41,3 +41,39 @@ def test_every_python_pass_in_the_stages_goes_through_map_in_arrow():
         if re.search(r"\.mapInArrow\(", line)
     ]
     assert not direct, f"call pipeline.core.spark.map_in_arrow instead: {direct}"
+
+
+@pytest.mark.slow
+def test_write_parquet_bytes_depend_on_the_rows_only_and_an_empty_dataset_has_one_form(tmp_path):
+    """Random rows written from 1 and from 7 input partitions give the same files; an empty dataset
+    written by Spark (a filter that keeps nothing) and one written without a job (known_rows=0) are the
+    same bytes with the schema; a count that disagrees with what was written fails the write."""
+    import hashlib
+    import random
+
+    import pyarrow.parquet as pq
+
+    from pipeline.core.spark import write_parquet
+
+    rng = random.Random(7)
+    rows = [(f"{rng.getrandbits(40):010x}", rng.random(), "x" * rng.randrange(50)) for _ in range(500)]
+    spark = spark_session(make_config(tmp_path), "test-core-spark")
+    df = spark.createDataFrame(rows, "id string, score double, text string")
+
+    def digests(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.parquet"))}
+
+    assert write_parquet(df.repartition(1), tmp_path / "one", 3) == 500
+    assert write_parquet(df.repartition(7), tmp_path / "seven", 3) == 500
+    assert digests(tmp_path / "one") == digests(tmp_path / "seven") and len(digests(tmp_path / "one")) == 3
+    assert sorted(pq.read_table(tmp_path / "one").column("id").to_pylist()) == sorted(r[0] for r in rows)
+
+    nothing = df.where("score > 2")
+    assert write_parquet(nothing, tmp_path / "empty-spark", 3) == 0
+    assert write_parquet(nothing, tmp_path / "empty-known", 3, known_rows=0) == 0
+    assert digests(tmp_path / "empty-spark") == digests(tmp_path / "empty-known")
+    empty = pq.read_table(tmp_path / "empty-known")
+    assert empty.num_rows == 0 and empty.schema.names == ["id", "score", "text"]
+
+    with pytest.raises(RuntimeError, match="wrote 500 rows, 499 were counted"):
+        write_parquet(df, tmp_path / "miscounted", 3, known_rows=499)
