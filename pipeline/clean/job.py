@@ -285,7 +285,11 @@ def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineCon
 
     if not (source.path / "index").is_dir() and (source.path / "documents").is_dir():
         documents = spark.read.parquet(str(source.path / "documents")).select(*EXTRACTED_SCHEMA.names)
-        return documents.repartition(config.spark.shuffle_partitions, "id")
+        # Spread the rows over the cores only when the files give too few tasks: shuffling a large corpus
+        # costs more than it balances.
+        if documents.rdd.getNumPartitions() < config.spark.shuffle_partitions:
+            documents = documents.repartition(config.spark.shuffle_partitions, "id")
+        return documents
     index = spark.read.parquet(str(source.path / "index"))
     pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
     # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
