@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.model import linear_cross_entropy as lce
+from pipeline.model import model_config
+from pipeline.model.gpt import GPT
 from pipeline.model.linear_cross_entropy import linear_cross_entropy, resolve_backend
 
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -144,6 +146,54 @@ def test_chunked_never_builds_a_tokens_by_vocab_tensor():
     assert seen.numel <= max(chunk * vocab, rows * hidden_size)
 
 
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("tiny", {"tie_word_embeddings": True}),
+        ("tiny", {"tie_word_embeddings": False}),
+        ("tiny-moe", {"attention_pattern": "sliding_window", "attention_window": 5}),
+    ],
+)
+def test_whole_model_gradients_match_the_plain_path(preset, overrides):
+    """The tied matrix gets its embedding and head gradients summed, as on the plain path."""
+    torch.manual_seed(4)
+    tokens = torch.randint(0, 97, (3, 18))
+    targets = tokens[:, 1:].clone()
+    targets[0, :5] = -100
+    results = []
+    for fused in ("off", "chunked"):
+        torch.manual_seed(5)
+        config = model_config(
+            preset, vocab_size=97, fused_cross_entropy=fused, fused_cross_entropy_chunk_size=7, **overrides
+        )
+        model = GPT(config)
+        out = model(tokens[:, :-1], targets)
+        assert (out.logits is None) == (fused == "chunked")
+        assert (out.loss is out.lm_loss) == (preset == "tiny")
+        out.loss.backward()
+        results.append((out.loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    torch.testing.assert_close(fused_loss, plain_loss, **FP32)
+    assert fused_grads.keys() == plain_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], **FP32, msg=name)
+
+
+def test_without_targets_the_model_is_unchanged():
+    torch.manual_seed(6)
+    off = GPT(model_config("tiny", vocab_size=61))
+    on = GPT(model_config("tiny", vocab_size=61, fused_cross_entropy="chunked"))
+    on.load_state_dict(off.state_dict())
+    tokens = torch.randint(0, 61, (2, 12))
+    torch.testing.assert_close(on(tokens).logits, off(tokens).logits, rtol=0, atol=0)
+    assert torch.equal(
+        on.generate(tokens, max_new_tokens=4, temperature=0.0),
+        off.generate(tokens, max_new_tokens=4, temperature=0.0),
+    )
+    with torch.no_grad():  # what the trainer's validation does
+        torch.testing.assert_close(on(tokens, tokens).lm_loss, off(tokens, tokens).lm_loss, **FP32)
+
+
 @pytest.fixture
 def without_libraries(monkeypatch):
     """As if neither library were installed (None in sys.modules makes an import fail)."""
@@ -159,6 +209,10 @@ def test_a_missing_backend_fails_with_a_clear_message(without_libraries, backend
     hidden, weight, targets = problem(6, 8, 10, torch.float32)
     with pytest.raises(ImportError, match=rf"{message}.*pretrain-pipeline\[gpu\]"):
         linear_cross_entropy(hidden, weight, targets, backend)
+    model = GPT(model_config("tiny", vocab_size=10, fused_cross_entropy=backend))
+    tokens = torch.randint(0, 10, (2, 5))
+    with pytest.raises(ImportError, match=message):
+        model(tokens[:, :-1], tokens[:, 1:])
 
 
 def test_a_library_backend_on_the_cpu_fails_and_auto_stays_chunked(monkeypatch):
