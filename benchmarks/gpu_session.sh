@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Everything the GPU figures need, in one go on one H200 (or any sm_90 card), about 8 minutes: build cuda_ext
 # with its CUDA kernels, the tests that have GPU cases, train_gpu.py (issue 8), train_gpu.py's dense preset
-# with plain causal attention, and gpu_kernels.py (issue 10). Each step gets its own time limit inside
-# one overall deadline, so a slow step costs the later ones, not the whole session.
+# with plain causal attention, gpu_kernels.py (issue 10), and, in what time is left, the base preset with the
+# fused linear + cross-entropy (issue 23). Each step gets its own time limit inside one overall deadline, so a
+# slow step costs the later ones, not the whole session.
 #
 #   benchmarks/gpu_session.sh [OUTPUT_DIR]      # default: $OUT, else benchmarks/out/gpu_session
 #   DEADLINE_S=540 PYTHON=python3 benchmarks/gpu_session.sh
 #
-# Offline: packages the machine's Python lacks (pydantic and its needs) can sit as wheels in .whl/.
+# Offline: packages the machine's Python lacks (pydantic and its needs) can sit as wheels in .whl/; so can
+# the gpu extra's liger-kernel and cut-cross-entropy (pure Python; they use the Triton that CUDA torch brings).
 set -u
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-benchmarks/out/gpu_session}}
@@ -52,7 +54,10 @@ step() {
 step build 60 env PRETRAIN_BUILD_CUDA=1 PRETRAIN_CUDA_ARCHS=90 "$py" setup.py -q build_ext --inplace
 step test_gpu 80 "$py" -m pytest -q -p no:cacheprovider tests/cuda_ext/test_gpu.py \
     tests/model/test_attention.py::test_model_on_cuda_flex_and_dense_mask_agree_forward_and_backward \
-    tests/model/test_moe.py::test_compiled_moe_model_matches_eager_with_each_routing_backend
+    tests/model/test_moe.py::test_compiled_moe_model_matches_eager_with_each_routing_backend \
+    tests/model/test_linear_cross_entropy.py::test_backends_on_cuda_match_the_plain_path
 step train_gpu 240 "$py" benchmarks/train_gpu.py
 step train_gpu_causal 60 "$py" benchmarks/train_gpu.py --presets base --modes compile --no-document-masking
 step gpu_kernels 40 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
+# Last, on what time is left: the loss without the logits (liger / cce when their wheels are in .whl/).
+step train_gpu_fused_ce 60 "$py" benchmarks/train_gpu.py --presets base --modes compile --fused-cross-entropy auto

@@ -2,6 +2,8 @@
 
     python benchmarks/train_gpu.py               # one H200: four runs, under 5 minutes in all
     python benchmarks/train_gpu.py --dry-run     # CPU, tiny shapes: exercises the same code path, no figures
+    python benchmarks/train_gpu.py --presets base --modes compile --fused-cross-entropy auto --batch-size 24
+                                                 # the loss without the logits, and a micro-batch it frees room for
 
 Each case is ``pipeline.train.trainer.Trainer`` as torchrun would run it (a one-rank group: NCCL on the GPU,
 gloo in the dry run) on synthetic token shards (uniform ids; the arithmetic does not depend on them), with
@@ -30,6 +32,7 @@ import torch  # noqa: E402
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
+from pipeline.model.config import FUSED_CROSS_ENTROPY, GPTConfig  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 
 SNAPSHOT = "bench"
@@ -56,7 +59,8 @@ def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
     from pipeline.train.trainer import train
 
     attention = "" if args.document_masking else "-causal"
-    name = f"{preset}-{'compile' if compile_model else 'eager'}{attention}"
+    loss = "" if args.fused_cross_entropy == "off" else f"-ce_{args.fused_cross_entropy}"
+    name = f"{preset}-{'compile' if compile_model else 'eager'}{attention}{loss}"
     folder = root / name
     overrides = [
         f"project.data_root={folder / 'data'}",
@@ -79,11 +83,17 @@ def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
         "distributed.rank=0",
         "distributed.world_size=1",
     ]
+    model = {}
+    if args.fused_cross_entropy != "off":
+        model |= {"fused_cross_entropy": args.fused_cross_entropy}
+        model |= {"fused_cross_entropy_chunk_size": args.fused_chunk_size}
     if args.dry_run:
         # Stand-ins with the same structure (dense / MoE every other layer), small enough for a CPU.
-        small = "{hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, "
-        small += "intermediate_size: 128, vocab_size: 512}"
-        overrides += [f"model.overrides={small}", "train.peak_flops=1e12", "distributed.backend=gloo"]
+        model |= {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+        model |= {"num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512}
+        overrides += ["train.peak_flops=1e12", "distributed.backend=gloo"]
+    if model:
+        overrides.append(f"model.overrides={json.dumps(model)}")  # JSON is YAML
     config = load_config(None, overrides, environ={})
     from pipeline.train.trainer import build_model_config
 
@@ -102,6 +112,8 @@ def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
     mfu = [row["mfu"] for row in timed if "mfu" in row]
     result = {
         "case": name,
+        # what "auto" becomes here: the backend for bf16 hidden states on this run's device
+        "cross_entropy": "plain" if args.fused_cross_entropy == "off" else fused_backend(args),
         "tokens_per_s": round(tokens_per_s, 1),
         "mfu": round(float(np.mean(mfu)), 4) if mfu else None,
         "parameters": manifest.extra["parameters"],
@@ -113,6 +125,13 @@ def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
     }
     print(json.dumps(result), flush=True)
     return result
+
+
+def fused_backend(args) -> str:
+    from pipeline.model.linear_cross_entropy import resolve_backend
+
+    device = "cpu" if args.dry_run else "cuda"
+    return resolve_backend(args.fused_cross_entropy, torch.empty(0, dtype=torch.bfloat16, device=device))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +156,18 @@ def main(argv: list[str] | None = None) -> int:
         dest="document_masking",
         action="store_false",
         help="plain causal attention (SDPA's flash path) instead of attending within each packed document",
+    )
+    parser.add_argument(
+        "--fused-cross-entropy",
+        choices=FUSED_CROSS_ENTROPY,
+        default="off",
+        help="the model's fused_cross_entropy: the loss without the batch x seq x vocab logits (default off)",
+    )
+    parser.add_argument(
+        "--fused-chunk-size",
+        type=int,
+        default=GPTConfig.fused_cross_entropy_chunk_size,
+        help="rows per chunk of the chunked backend",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -167,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": [args.batch_size, args.seq_len],
         "precision": "bf16",
         "document_masking": args.document_masking,
+        "fused_cross_entropy": args.fused_cross_entropy,
         "torch": torch.__version__,
         "cases": {r["case"]: {k: v for k, v in r.items() if k != "case"} for r in results},
     }

@@ -12,6 +12,7 @@ ATTENTION_KERNELS = ("auto", "sdpa")
 NORMS = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("swiglu", "gelu")
 ROUTER_SCORES = ("softmax", "sigmoid")
+FUSED_CROSS_ENTROPY = ("off", "chunked", "liger", "cce", "auto")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class GPTConfig:
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
     activation_checkpointing: bool = False  # recompute each block in backward instead of storing activations
+    # The training loss from the final hidden states and the head weight without the (batch, seq, vocab)
+    # logits (pipeline.model.linear_cross_entropy); GPTOutput.logits is then None when targets are given.
+    # "off": lm_head, then cross-entropy over the full logits (the reference). "chunked": PyTorch, in chunks
+    # of fused_cross_entropy_chunk_size rows. "liger", "cce": Liger Kernel's / Apple's Triton kernels (CUDA,
+    # the gpu extra). "auto": cce, else liger, where installed and on CUDA; chunked otherwise.
+    fused_cross_entropy: str = "off"
+    fused_cross_entropy_chunk_size: int = 2048
 
     # Attention pattern, always causal. "sliding_window": query i sees keys i-w+1..i.
     # "blockwise": positions fall into blocks of attention_block_size; a query sees its own block and the
@@ -86,6 +94,14 @@ class GPTConfig:
         _require(
             self.activation in ACTIVATIONS,
             f"activation must be one of {ACTIVATIONS}, got {self.activation!r}",
+        )
+        _require(
+            self.fused_cross_entropy in FUSED_CROSS_ENTROPY,
+            f"fused_cross_entropy must be one of {FUSED_CROSS_ENTROPY}, got {self.fused_cross_entropy!r}",
+        )
+        _require(
+            self.fused_cross_entropy_chunk_size >= 1,
+            f"fused_cross_entropy_chunk_size must be >= 1, got {self.fused_cross_entropy_chunk_size}",
         )
         self._check_attention()
         self._check_moe()

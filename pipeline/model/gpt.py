@@ -3,7 +3,8 @@
 RMSNorm, rotary position embeddings, grouped-query attention through ``scaled_dot_product_attention`` with
 causal / sliding-window / blockwise masks and packed-document boundaries (on CUDA, masked attention runs as
 FlexAttention, which skips what the mask empties), SwiGLU MLPs or top-k mixtures of experts, activation
-checkpointing, and KV-cache generation.
+checkpointing, KV-cache generation, and optionally a training loss that never builds the logits
+(``linear_cross_entropy``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model.config import GPTConfig
+from pipeline.model.linear_cross_entropy import linear_cross_entropy
 from pipeline.model.routing import expert_capacity, router_scores, routing_ops
 
 
@@ -334,10 +336,15 @@ def training_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, lm_loss): the token-mean cross-entropy plus the weighted router losses (see GPTOutput)."""
     lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-    loss = lm_loss
-    if aux_loss is not None:
-        loss = loss + config.router_aux_loss_coef * aux_loss + config.router_z_loss_coef * z_loss
-    return loss, lm_loss
+    return with_router_losses(config, lm_loss, aux_loss, z_loss), lm_loss
+
+
+def with_router_losses(
+    config: GPTConfig, lm_loss: torch.Tensor, aux_loss: torch.Tensor | None, z_loss: torch.Tensor | None
+) -> torch.Tensor:
+    if aux_loss is None:
+        return lm_loss
+    return lm_loss + config.router_aux_loss_coef * aux_loss + config.router_z_loss_coef * z_loss
 
 
 @dataclass
@@ -346,9 +353,11 @@ class GPTOutput:
 
     loss = lm_loss + router_aux_loss_coef * aux_loss + router_z_loss_coef * z_loss, so one backward()
     trains the routers too; log lm_loss. aux_loss and z_loss are summed over MoE layers (None if dense).
+    logits is None when the config's fused_cross_entropy is on and targets are given: the loss then comes
+    from the hidden states without the (batch, seq, vocab) logits. Without targets logits are always there.
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     loss: torch.Tensor | None = None
     lm_loss: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
@@ -393,7 +402,8 @@ class GPT(nn.Module):
         cache: continue after the cache's positions, appending this call's keys and values to it.
         A pipeline stage (pipeline.train.pipeline_parallel) lacks the embedding or the head: without the
         embedding input_ids is the previous stage's residual stream (batch, seq, hidden); without the head
-        ``logits`` is this stage's residual stream.
+        ``logits`` is this stage's residual stream. With fused_cross_entropy on and targets given, ``logits``
+        is None (see GPTOutput).
         """
         batch, seq = input_ids.shape[:2]
         offset = cache.length if cache is not None else 0
@@ -425,12 +435,28 @@ class GPT(nn.Module):
                 z_losses.append(router_losses[1])
         if cache is not None:
             cache.length += seq
-        logits = x if self.lm_head is None else self.lm_head(self.norm(x))
+        # fused_cross_entropy: the loss straight from the normed hidden states and the head weight.
+        fused = targets is not None and self.lm_head is not None and self.config.fused_cross_entropy != "off"
+        if self.lm_head is None:
+            logits = x
+        elif fused:
+            logits = None
+        else:
+            logits = self.lm_head(self.norm(x))
 
         out = GPTOutput(logits)
         if aux_losses:
             out.aux_loss, out.z_loss = torch.stack(aux_losses).sum(), torch.stack(z_losses).sum()
-        if targets is not None:
+        if fused:
+            out.lm_loss = linear_cross_entropy(
+                self.norm(x),
+                self.lm_head.weight,
+                targets,
+                self.config.fused_cross_entropy,
+                self.config.fused_cross_entropy_chunk_size,
+            )
+            out.loss = with_router_losses(self.config, out.lm_loss, out.aux_loss, out.z_loss)
+        elif targets is not None:
             out.loss, out.lm_loss = training_loss(self.config, logits, targets, out.aux_loss, out.z_loss)
         return out
 

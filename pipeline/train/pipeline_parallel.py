@@ -23,7 +23,9 @@ gradient norm counts the matrix once. A pipeline thus trains the very model one 
 **Loss** on the last stage is the trainer's: each micro-batch's loss weighted by its share of the step's
 tokens over all data-parallel ranks, with the MoE router aux and z losses of every stage, which each stage
 adds to and passes on beside the residual stream. Off the last stage the logged loss is 0, so the trainer's
-one all-reduce gives every rank (rank 0 included) the loss.
+one all-reduce gives every rank (rank 0 included) the loss. The schedule hands the loss function the last
+stage's output, so that output is the logits and training stays on the plain cross-entropy whatever the
+model's ``fused_cross_entropy``; ``validation_loss`` passes the targets into the model and uses it.
 
 **Bubble**: the theoretical idle share of a step is (p-1)/(v·m + p-1) for p ranks, m micro-batches and v
 stages per rank (v = 1 for GPipe and 1F1B). Measured: each stage adds up the time it computes (forward,
@@ -241,6 +243,12 @@ class Pipeline:
         self.has_first = 0 in self.stage_indices
         self.has_last = self.split.num_stages - 1 in self.stage_indices
         self.carries_router_losses = bool(model.config.moe_layer_indices)
+        if self.has_last and model.config.fused_cross_entropy != "off":
+            log.info(
+                "pipeline: the training loss takes the last stage's full logits; fused_cross_entropy=%s "
+                "applies to the validation loss only",
+                model.config.fused_cross_entropy,
+            )
         self.modules = [
             data_parallel(StageForward(part, precision.autocast, self.carries_router_losses), self.dp, train)
             for part in self.models

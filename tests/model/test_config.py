@@ -56,6 +56,8 @@ def test_presets():
         ({"num_experts": 4, "router_score": "relu"}, "router_score"),
         ({"num_experts": 4, "router_aux_loss_coef": -0.1}, "router_aux_loss_coef"),
         ({"num_experts": -1}, "num_experts must be >= 0"),
+        ({"fused_cross_entropy": "triton"}, "fused_cross_entropy must be one of"),
+        ({"fused_cross_entropy_chunk_size": 0}, "fused_cross_entropy_chunk_size must be >= 1"),
         ({"hidden_dim": 64}, "unknown GPTConfig field"),
     ],
 )
