@@ -55,4 +55,4 @@ step test_gpu 80 "$py" -m pytest -q -p no:cacheprovider tests/cuda_ext/test_gpu.
     tests/model/test_moe.py::test_compiled_moe_model_matches_eager_with_each_routing_backend
 step train_gpu 240 "$py" benchmarks/train_gpu.py
 step train_gpu_causal 60 "$py" benchmarks/train_gpu.py --presets base --modes compile --no-document-masking
-step gpu_kernels 40 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
+step gpu_kernels 60 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
