@@ -8,13 +8,15 @@ Steps:
             PRETRAIN_BUILD_CUDA=1 (sm_90 only, to keep it quick); needs no pip and no internet.
 2. check  - GEMM vs torch.matmul on odd and square shapes; CUDA routing equal to the CPU kernels and the
             PyTorch reference (ids, counts, offsets, permutation exactly); MoE layer gradients close.
-3. time   - CUDA events, medians: GEMM TFLOP/s vs torch.matmul (cuBLAS) at 4096^3 and 8192^3 bf16; routing
+3. time   - CUDA events, medians: GEMM TFLOP/s vs torch.matmul (cuBLAS) at 4096^3 and 8192^3 bf16, for the
+            kernel `auto` picks (what callers get) and for each kernel forced; routing
             (route forward, capacity factor 1.25) vs the unfused PyTorch reference for T in {1k, 16k, 128k},
             E in {8, 64}, k in {2, 8}; the model's MoE layer (pipeline.model.gpt.MoE) forward + backward
             with the extension and with the PyTorch reference routing.
 
 Prints a table, writes everything to benchmarks/out/gpu_kernels.json, and ends with one JSON line:
-{"gemm_frac_of_cublas_8192": ..., "routing_speedup_t16k": ...} (geometric mean over E and k at T = 16k).
+{"gemm_frac_of_cublas_4096": ..., "gemm_frac_of_cublas_8192": ..., "routing_speedup_t16k": ...} (the GEMM
+fractions are the `auto` kernel's; routing: geometric mean over E and k at T = 16k).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ sys.path[:] = [str(ROOT)] + [e for e in sys.path if os.path.abspath(e or os.curd
 import torch  # noqa: E402
 
 CAPACITY_FACTOR = 1.25
+GEMM_KERNELS = ("mma_128x256", "mma_128x128", "wmma_128x256")  # each forced, beside `auto`
 
 
 def has_cuda_kernels_fresh() -> bool:
@@ -120,7 +123,7 @@ class MoELayer(torch.nn.Module):
 
 
 def check(device: str) -> dict[str, bool]:
-    from cuda_ext import gemm, moe_routing
+    from cuda_ext import gemm, kernels, moe_routing
     from pipeline.model import routing as reference
 
     results = {}
@@ -130,9 +133,14 @@ def check(device: str) -> dict[str, bool]:
         for m, n, k in [(129, 257, 33), (1000, 520, 300), (4096, 4096, 4096)]:
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            ok &= torch.allclose(
-                gemm.matmul(a, b, torch.float32), a.float() @ b.float(), rtol=1e-3, atol=1e-2 * k**0.5
-            )
+            want = a.float() @ b.float()
+            ok &= torch.allclose(gemm.matmul(a, b, torch.float32), want, rtol=1e-3, atol=1e-2 * k**0.5)
+            for kernel in GEMM_KERNELS:
+                try:
+                    got = kernels.gemm(a, b, torch.float32, kernel=kernel)
+                except ValueError:  # the mma kernels refuse K or N not a multiple of 8
+                    continue
+                ok &= torch.allclose(got, want, rtol=1e-3, atol=1e-2 * k**0.5)
         results["gemm_matches_torch"] = bool(ok)
     tokens = 16384 if device == "cuda" else 2048
     logits = torch.randn(tokens, 64) * 2
@@ -157,21 +165,28 @@ def check(device: str) -> dict[str, bool]:
 
 
 def time_gemm() -> list[dict]:
-    from cuda_ext import gemm
+    """TFLOP/s of `auto` (gemm.matmul, what callers get) and of each kernel forced, against cuBLAS."""
+    from cuda_ext import gemm, kernels
 
     rows = []
     for size in (4096, 8192):
         a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         flops = 2 * size**3
-        ours = median_ms(lambda a=a, b=b: gemm.matmul(a, b), "cuda", warmup=5, reps=20)
         cublas = median_ms(lambda a=a, b=b: torch.matmul(a, b), "cuda", warmup=5, reps=20)
+        ours = median_ms(lambda a=a, b=b: gemm.matmul(a, b), "cuda", warmup=5, reps=20)
+        per_kernel = {}
+        for kernel in GEMM_KERNELS:
+            ms = median_ms(lambda a=a, b=b, k=kernel: kernels.gemm(a, b, kernel=k), "cuda", warmup=3, reps=10)
+            per_kernel[kernel] = {"tflops": flops / ms / 1e9, "frac_of_cublas": cublas / ms}
         rows.append(
             {
                 "size": size,
-                "wmma_tflops": flops / ours / 1e9,
+                "auto_kernel": kernels.gemm_kernel_for(size, size, size),
+                "auto_tflops": flops / ours / 1e9,
                 "cublas_tflops": flops / cublas / 1e9,
                 "frac_of_cublas": cublas / ours,
+                "kernels": per_kernel,
             }
         )
         del a, b
@@ -284,8 +299,9 @@ def main(argv: list[str] | None = None) -> dict:
     report["gemm"] = time_gemm() if device == "cuda" else []
     for row in report["gemm"]:
         print(
-            f"gemm {row['size']}^3 bf16: wmma {row['wmma_tflops']:.0f} TFLOP/s, cuBLAS {row['cublas_tflops']:.0f}"
-            f" TFLOP/s, fraction {row['frac_of_cublas']:.2f}"
+            f"gemm {row['size']}^3 bf16: auto ({row['auto_kernel']}) {row['auto_tflops']:.0f} TFLOP/s, cuBLAS"
+            f" {row['cublas_tflops']:.0f} TFLOP/s, fraction {row['frac_of_cublas']:.2f}; "
+            + ", ".join(f"{name} {v['frac_of_cublas']:.2f}" for name, v in row["kernels"].items())
         )
     report["routing"] = time_routing(device)
     print(f"{'tokens':>7} {'E':>3} {'k':>2} {'reference ms':>13} {'cuda_ext ms':>12} {'speedup':>8}")
@@ -299,9 +315,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"MoE layer fwd+bwd ({row['routing']} routing, T={row['tokens']}): {row['fwd_bwd_ms']:.2f} ms")
 
     at_16k = [row["speedup"] for row in report["routing"] if row["tokens"] == 16384]
-    gemm_8192 = [row["frac_of_cublas"] for row in report["gemm"] if row["size"] == 8192]
+    gemm_frac = {row["size"]: round(row["frac_of_cublas"], 3) for row in report["gemm"]}
     summary = {
-        "gemm_frac_of_cublas_8192": round(gemm_8192[0], 3) if gemm_8192 else None,
+        "gemm_frac_of_cublas_4096": gemm_frac.get(4096),
+        "gemm_frac_of_cublas_8192": gemm_frac.get(8192),
         "routing_speedup_t16k": round(geometric_mean(at_16k), 2) if at_16k else None,
     }
     report["summary"] = summary

@@ -58,6 +58,6 @@ step test_gpu 80 "$py" -m pytest -q -p no:cacheprovider tests/cuda_ext/test_gpu.
     tests/model/test_linear_cross_entropy.py::test_backends_on_cuda_match_the_plain_path
 step train_gpu 240 "$py" benchmarks/train_gpu.py
 step train_gpu_causal 60 "$py" benchmarks/train_gpu.py --presets base --modes compile --no-document-masking
-step gpu_kernels 40 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
+step gpu_kernels 60 "$py" benchmarks/gpu_kernels.py --out "$out/gpu_kernels.json"
 # Last, on what time is left: the loss without the logits (liger / cce when their wheels are in .whl/).
 step train_gpu_fused_ce 60 "$py" benchmarks/train_gpu.py --presets base --modes compile --fused-cross-entropy auto

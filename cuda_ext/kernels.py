@@ -17,6 +17,8 @@ import torch
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 FLOAT_DTYPES = tuple(DTYPE_CODES)
 SCORE_CODES = {"softmax": 0, "sigmoid": 1}
+# GEMM kernel codes shared with csrc/gemm_plan.h (its table is also cuda_ext._C.GEMM_KERNELS, in code order).
+GEMM_KERNEL_CODES = {"auto": -1, "wmma_128x256": 0, "mma_128x256": 1, "mma_128x128": 2}
 ALIGNMENT = 16
 
 _native: ModuleType | None = None
@@ -280,8 +282,16 @@ def unpermute_backward(
     return grad_rows, grad_weights
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """a [M, K] @ b [K, N] on tensor cores (CUDA only): fp16/bf16 in, fp32 accumulate, fp32 or input-type out."""
+def gemm(
+    a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, kernel: str = "auto"
+) -> torch.Tensor:
+    """a [M, K] @ b [K, N] on tensor cores (CUDA only): fp16/bf16 in, fp32 accumulate, fp32 or input-type out.
+
+    ``kernel`` "auto" picks one for the shape and device (``gemm_kernel_for``); a name from
+    ``GEMM_KERNEL_CODES`` forces it (tests, benchmarks), and a ValueError says when it cannot run the shape
+    (the mma kernels need K and N multiples of 8)."""
+    if kernel not in GEMM_KERNEL_CODES:
+        raise ValueError(f"unknown gemm kernel {kernel!r}; use one of {', '.join(GEMM_KERNEL_CODES)}")
     check_tensor(a, "a", dtypes=(torch.bfloat16, torch.float16), ndim=2)
     check_tensor(b, "b", dtypes=(a.dtype,), ndim=2, device=a.device)
     if a.shape[1] != b.shape[0]:
@@ -305,5 +315,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None)
             DTYPE_CODES[a.dtype],
             DTYPE_CODES[out_dtype],
             _stream(a.device),
+            GEMM_KERNEL_CODES[kernel],
         )
     return out
+
+
+def gemm_kernel_for(m: int, n: int, k: int, device: torch.device | str | int | None = None) -> str:
+    """The kernel ``gemm(kernel="auto")`` runs for [M, K] @ [K, N] on a CUDA device (default: the current one)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    backend(device)
+    with _launch_context(device):
+        code = native().gemm_cuda_kernel_for(m, n, k)
+    return native().GEMM_KERNELS[code]

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "gemm_plan.h"
 #include "routing_cpu.h"
 #ifdef PRETRAIN_WITH_CUDA
 #include "cuda_api.h"
@@ -30,6 +31,14 @@ PYBIND11_MODULE(_C, m) {
   const auto release = py::call_guard<py::gil_scoped_release>();
 
   m.attr("MAX_CUDA_EXPERTS") = pp::kMaxCudaExperts;
+  // The GEMM kernel table and choice (gemm_plan.h), in every build so the CPU tests can check them.
+  py::list gemm_kernels;
+  for (const pp::GemmKernelInfo& info : pp::kGemmKernels) gemm_kernels.append(info.name);
+  m.attr("GEMM_KERNELS") = gemm_kernels;
+  m.def("gemm_kernel_supports", &pp::gemm_kernel_supports, arg("kernel"), arg("n"), arg("k"), arg("smem_optin"),
+        "Whether a GEMM kernel (code) can run [., K] @ [K, N] with this much opt-in shared memory per block.");
+  m.def("choose_gemm_kernel", &pp::choose_gemm_kernel, arg("m"), arg("n"), arg("k"), arg("sm_count"),
+        arg("smem_optin"), "The GEMM kernel code `auto` runs for a shape on a device with these limits.");
 #ifdef PRETRAIN_WITH_CUDA
   m.attr("WITH_CUDA") = true;
 #else
@@ -128,10 +137,14 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "gemm_cuda",
       [](uintptr_t a, uintptr_t b, uintptr_t c, int64_t m_rows, int64_t n_cols, int64_t k_depth, int in_dtype,
-         int out_dtype, uintptr_t stream) {
+         int out_dtype, uintptr_t stream, int kernel) {
         pp::cuda::gemm(ptr<const void>(a), ptr<const void>(b), ptr<void>(c), m_rows, n_cols, k_depth, in_dtype,
-                       out_dtype, stream_of(stream));
+                       out_dtype, stream_of(stream), kernel);
       },
-      "C[M, N] = A[M, K] @ B[K, N] (row-major) on tensor cores.", release);
+      "C[M, N] = A[M, K] @ B[K, N] (row-major) on tensor cores; kernel -1 picks one for the shape.", arg("a"),
+      arg("b"), arg("c"), arg("m"), arg("n"), arg("k"), arg("in_dtype"), arg("out_dtype"), arg("stream"),
+      arg("kernel") = static_cast<int>(pp::kGemmAuto), release);
+  m.def("gemm_cuda_kernel_for", &pp::cuda::gemm_kernel_for, arg("m"), arg("n"), arg("k"),
+        "The GEMM kernel code `auto` runs for this shape on the current CUDA device.", release);
 #endif
 }

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gemm_plan.h"
+
 namespace pp {
 namespace cuda {
 
@@ -31,9 +33,14 @@ void unpermute_backward(int dtype, const void* grad_out, const void* expert_rows
                         float* grad_weights, void* stream);
 
 // C[M, N] = A[M, K] @ B[K, N], all row-major. in_dtype: kFloat16 or kBFloat16 (A and B);
-// out_dtype: kFloat32 or in_dtype. Accumulates in fp32 on tensor cores (WMMA).
+// out_dtype: kFloat32 or in_dtype. Accumulates in fp32 on tensor cores. kernel: a GemmKernel code (gemm_plan.h);
+// kGemmAuto picks one for the shape and the current device, any other code forces that kernel and throws
+// std::invalid_argument when it cannot run the shape.
 void gemm(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k, int in_dtype, int out_dtype,
-          void* stream);
+          void* stream, int kernel = kGemmAuto);
+
+// The GemmKernel code kGemmAuto runs for this shape on the current device.
+int gemm_kernel_for(int64_t m, int64_t n, int64_t k);
 
 }  // namespace cuda
 }  // namespace pp

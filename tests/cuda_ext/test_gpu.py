@@ -28,32 +28,88 @@ def assert_same_plan(got, want) -> None:
     torch.testing.assert_close(got.weights.cpu(), want.weights.cpu(), rtol=2e-6, atol=1e-7)
 
 
+GEMM_KERNELS = list(kernels.GEMM_KERNEL_CODES)  # "auto" and each kernel forced
+# Edges of every tile (M, N around 128/256, K around BK = 32/64 and not a multiple of it), K % 8 != 0 or
+# N % 8 != 0 (the WMMA kernel's element-wise loads; the mma kernels refuse them), K = 0.
+GEMM_SHAPES = [
+    (1, 1, 1),
+    (7, 13, 5),
+    (129, 257, 33),
+    (128, 256, 32),
+    (300, 520, 1000),
+    (1000, 40, 72),
+    (64, 64, 0),
+    (1, 8, 8),
+    (129, 264, 72),
+    (257, 136, 200),
+    (130, 392, 1096),
+    (255, 128, 64),
+    (384, 512, 8),
+    (200, 24, 100),
+]
+
+
+def mma_cannot_run(kernel: str, n: int, k: int) -> bool:
+    return kernel.startswith("mma_") and (n % 8 != 0 or k % 8 != 0)
+
+
+def matmul(a, b, out_dtype=None, kernel="auto"):
+    """The public call for "auto", the forced kernel otherwise."""
+    return gemm.matmul(a, b, out_dtype) if kernel == "auto" else kernels.gemm(a, b, out_dtype, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", GEMM_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    ("m", "n", "k"),
-    [(1, 1, 1), (7, 13, 5), (129, 257, 33), (128, 256, 32), (300, 520, 1000), (1000, 40, 72), (64, 64, 0)],
-)
-def test_gemm_matches_float64_on_any_shape(dtype, m, n, k):
+@pytest.mark.parametrize(("m", "n", "k"), GEMM_SHAPES)
+def test_gemm_matches_float64_on_any_shape(kernel, dtype, m, n, k):
     torch.manual_seed(m + n + k)
     a = torch.randn(m, k, device="cuda").to(dtype)
     b = torch.randn(k, n, device="cuda").to(dtype)
+    if mma_cannot_run(kernel, n, k):
+        with pytest.raises(ValueError, match="multiples of 8"):
+            kernels.gemm(a, b, kernel=kernel)
+        return
     expected = a.double() @ b.double()
-    out32 = gemm.matmul(a, b, torch.float32)
+    out32 = matmul(a, b, torch.float32, kernel)
     assert out32.dtype == torch.float32 and out32.shape == (m, n)
     # fp32 accumulation of exact products: error grows like sqrt(K) ulps of the partial sums.
     torch.testing.assert_close(out32.double(), expected, rtol=1e-4, atol=1e-4 * max(1, k) ** 0.5)
-    out16 = gemm.matmul(a, b)
+    out16 = matmul(a, b, kernel=kernel)
     assert out16.dtype == dtype
     torch.testing.assert_close(out16.double(), out32.to(dtype).double(), rtol=0, atol=0)
 
 
-def test_gemm_large_square_matches_cublas():
+@pytest.mark.parametrize("kernel", GEMM_KERNELS)
+def test_gemm_large_square_matches_cublas(kernel):
     torch.manual_seed(0)
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(
-        gemm.matmul(a, b, torch.float32), (a.float() @ b.float()), rtol=1e-3, atol=1e-2
+        matmul(a, b, torch.float32, kernel), (a.float() @ b.float()), rtol=1e-3, atol=1e-2
     )
+
+
+def test_gemm_many_waves_and_k_tiles_match_cublas():
+    # 4096^2: 4 waves of 128x256 tiles on an H100, 64 k-tiles through the 3-stage ring.
+    torch.manual_seed(1)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    want = a.float() @ b.float()
+    for kernel in ("mma_128x256", "mma_128x128"):
+        torch.testing.assert_close(
+            kernels.gemm(a, b, torch.float32, kernel=kernel), want, rtol=1e-3, atol=2e-2
+        )
+
+
+def test_gemm_auto_runs_the_planned_kernel():
+    native = kernels.native()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    for m, n, k in [(4096, 4096, 4096), (2048, 2048, 2048), (1000, 40, 72), (7, 13, 5)]:
+        name = kernels.gemm_kernel_for(m, n, k)
+        assert name in native.GEMM_KERNELS
+        if (props.major, props.multi_processor_count) == (9, 132):  # H100 / H200 SXM: see test_gemm_plan.py
+            want = {4096: "mma_128x256", 2048: "mma_128x128", 1000: "mma_128x128", 7: "wmma_128x256"}[m]
+            assert name == want
 
 
 def test_gemm_rejects_misaligned_and_cpu_inputs():
