@@ -61,7 +61,7 @@ class TrainedRun:
     @cached_property
     def state(self) -> dict[str, Any]:
         """The final checkpoint, checksums verified; a pipeline-parallel run's parts merged into one model."""
-        from pipeline.train.pipeline_parallel import whole_model_checkpoint
+        from pipeline.model.checkpoint import whole_model_checkpoint
 
         return whole_model_checkpoint(self.checkpoint)
 
@@ -73,9 +73,9 @@ class TrainedRun:
 
     def model(self):
         """Our GPT with the final weights, in eval mode."""
-        from pipeline.tracking.samples import load_model
+        from pipeline.model.checkpoint import model_from_state
 
-        return load_model(self.state)
+        return model_from_state(self.state)
 
     def lineage(self) -> dict[str, Any]:
         """What the model card and the registry say the model was made from."""

@@ -49,7 +49,7 @@ def _train(tmp_path):
         tmp_path,
     )
     write_token_corpus(config, SNAPSHOT)
-    trainer = Trainer(config, SNAPSHOT)
+    trainer = Trainer(config.with_run("metrics"), SNAPSHOT)
     # One step by hand, so the endpoint can be scraped while the run is alive; run() does the rest.
     trainer.train_step()
     trainer.metrics.log(trainer._train_metrics(), trainer.step)
