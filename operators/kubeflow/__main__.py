@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from operators.kubeflow.manifest import KubernetesJobSettings
+from operators.kubeflow.job_parts import KubernetesJobSettings
 from operators.kubeflow.trainjob import render_job
 from pipeline.core.lineage import Lineage
 from pipeline.entrypoint import add_input_stage_argument, resolve, stage_parser
