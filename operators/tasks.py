@@ -13,9 +13,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators.pytorch_job import PyTorchJobOperator
 from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
+from operators.train_operator import TrainOperator
 from pipeline.config import PipelineConfig
 from pipeline.stages import CORPUS_SOURCES, STAGES, Stage, downstream, group
 
@@ -51,7 +51,7 @@ def stage_task(stage: Stage, *, input_stage: str | None = None, **kwargs: Any) -
     if stage.runner == "spark":
         return PipelineSparkSubmitOperator(stage=stage.name, input_stage=input_stage, **kwargs)
     if stage.runner == "torchrun":
-        return PyTorchJobOperator(task_id=stage.name, input_stage=input_stage, **kwargs)
+        return TrainOperator(task_id=stage.name, input_stage=input_stage, **kwargs)
     return PipelineStageOperator(stage=stage.name, **kwargs)
 
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import Field, create_model, model_validator
+from pydantic.fields import FieldInfo
 
-from pipeline.core.config import ConfigError, CoreConfig, load_tree
+from pipeline.core.config import ConfigError, CoreConfig, load_tree, unknown_key_message
 from pipeline.core.storage import validate_run_id
 from pipeline.model.config import model_config
 from pipeline.stages import BY_NAME, config_sections
 from pipeline.train.config import pipeline_layout_problem
 
-__all__ = ["ConfigError", "PipelineConfig", "load_config"]
+__all__ = ["ConfigError", "PipelineConfig", "config_key", "key_choices", "load_config"]
 
 
 class _PipelineTree(CoreConfig):
@@ -64,3 +66,28 @@ def load_config(
 ) -> PipelineConfig:
     """Defaults < YAML file < ``PRETRAIN__SECTION__KEY`` environment < ``--set`` overrides, validated."""
     return load_tree(PipelineConfig, path, overrides, environ)
+
+
+def config_key(dotted: str) -> FieldInfo:
+    """The declaration of one config key (``train.steps``): its type, default, bounds and description."""
+    model: Any = PipelineConfig
+    field = None
+    for part in dotted.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            raise ConfigError(f"{dotted}: {unknown_key_message(part, fields or {})}")
+        field = fields[part]
+        model = field.annotation
+    assert field is not None
+    return field
+
+
+def key_choices(dotted: str) -> tuple[Any, ...] | None:
+    """The values a config key accepts when they are a fixed set: a ``Literal``'s, or an ``enum`` its field
+    declares (``model.preset``: the presets); None for an open type."""
+    field = config_key(dotted)
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if "enum" in extra:
+        return tuple(extra["enum"])
+    literals = [arg for arg in (field.annotation, *get_args(field.annotation)) if get_origin(arg) is Literal]
+    return tuple(value for literal in literals for value in get_args(literal)) if literals else None

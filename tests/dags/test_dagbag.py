@@ -102,7 +102,7 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
     assert_chain(dag, ["training_run", "train", "export", "report"])
     assert_chain(dag, ["train", "evaluate", "report"])
     train = dag.get_task("train")
-    assert type(train).__name__ == "PyTorchJobOperator" and train.execution_timeout == TRAINING_TIMEOUT
+    assert type(train).__name__ == "TrainOperator" and train.execution_timeout == TRAINING_TIMEOUT
     form = {
         "preset",
         "steps",
@@ -191,7 +191,7 @@ def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
 
 RUNNER_OPERATORS = {
     "spark": "PipelineSparkSubmitOperator",
-    "torchrun": "PyTorchJobOperator",
+    "torchrun": "TrainOperator",
     "python": "PipelineStageOperator",
 }
 
