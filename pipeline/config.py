@@ -1,12 +1,14 @@
 """The whole pipeline's config tree: the shared sections (``pipeline.core.config``) plus every stage's own.
 
-``PipelineConfig`` is assembled from the stage registry (``pipeline.stages``), so a new stage's section joins
+``PipelineConfig`` is assembled from the stage registry (``pipeline.stages``, which names each section by
+where its class lives; here they are imported), so a new stage's section joins
 the tree, the CLI's ``--set`` keys, the environment variables and the config hash with its registry entry.
 ``pretrain config`` prints the resolved tree.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -14,7 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
-from pipeline.core.config import ConfigError, CoreConfig, load_tree, unknown_key_message
+from pipeline.core.config import ConfigError, CoreConfig, Section, load_tree, unknown_key_message
 from pipeline.core.storage import validate_run_id
 from pipeline.model.config import model_config
 from pipeline.stages import BY_NAME, config_sections
@@ -51,11 +53,18 @@ class _PipelineTree(CoreConfig):
         return self.model_copy(update={"train": self.train.model_copy(update={"run_id": run_id})})
 
 
+def section_class(location: str) -> type[Section]:
+    """The section class a registry entry names (``"pipeline.train.config:TrainConfig"``)."""
+    module, _, name = location.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+SECTIONS: dict[str, type[Section]] = {name: section_class(where) for name, where in config_sections().items()}
 PipelineConfig = create_model(
     "PipelineConfig",
     __base__=_PipelineTree,
     __doc__="Every setting of the pipeline: the shared sections plus each registered stage's.",
-    **{name: (section, Field(default_factory=section)) for name, section in config_sections().items()},
+    **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()},
 )
 
 

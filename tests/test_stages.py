@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from pipeline.cli import COMMANDS, TOOLS, main
-from pipeline.config import PipelineConfig
+from pipeline.config import SECTIONS, PipelineConfig
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import STAGES, Stage, _checked, config_sections, downstream, stage
 from tests.conftest import PROJECT_ROOT, make_config
@@ -52,8 +52,9 @@ def test_each_entrypoint_defaults_to_the_inputs_the_registry_declares(entry, cap
 
 def test_each_stage_owns_its_config_sections_and_the_tree_holds_them_all():
     fields = PipelineConfig.model_fields
-    for name, section in config_sections().items():
-        assert fields[name].annotation is section
+    for name, where in config_sections().items():
+        section = SECTIONS[name]
+        assert fields[name].annotation is section and f"{section.__module__}:{section.__name__}" == where
         assert not section.__module__.startswith("pipeline.core"), name  # core holds only shared sections
     assert set(fields) == {"project", "spark", "logging", *config_sections()}
 
