@@ -20,15 +20,9 @@ import os
 import signal
 import sys
 
+from pipeline.core.cli import run_cli
 from pipeline.core.proc import die_with_parent
-from pipeline.entrypoint import (
-    add_input_stage_argument,
-    resolve,
-    run_cli,
-    stage_main,
-    stage_parser,
-    start_logging,
-)
+from pipeline.entrypoint import add_input_stage_argument, resolve, stage_main, stage_parser, start_logging
 from pipeline.train.failures import TORCHRUN_WORKER
 
 log = logging.getLogger("pipeline.train")
