@@ -75,7 +75,7 @@ def index_template() -> dict[str, Any]:
                             "stack_trace": {"type": "text", "index": False},
                         }
                     },
-                    # Training progress lines (pipeline.tracking.metrics.LogLineMetrics).
+                    # Training progress lines (pipeline.tracking.metric_sinks.LogLineMetrics).
                     "pretrain": {
                         "properties": {
                             "step": {"type": "long"},

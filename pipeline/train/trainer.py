@@ -69,7 +69,7 @@ from pipeline.train.runs import identity_differences, launched_run, record_run, 
 from pipeline.train.threads import ThreadChoice, set_rank_threads
 
 if TYPE_CHECKING:
-    from pipeline.tracking.metrics import MetricsLogger
+    from pipeline.tracking.metric_sinks import MetricsLogger
     from pipeline.tracking.tensorboard import TensorBoardWriter
     from pipeline.train.config import TrainConfig
 
@@ -561,7 +561,7 @@ def build_metrics(
     config: PipelineConfig, ctx: DistributedContext, output_dir: Path, snapshot: str, tokens: DatasetRef
 ) -> tuple[MetricsLogger, TensorBoardWriter | None]:
     """The metrics sinks (MLflow on rank 0, TensorBoard, Prometheus, metrics.jsonl) and TensorBoard's writer."""
-    from pipeline.tracking.metrics import TensorBoardMetrics, build_metrics_logger
+    from pipeline.tracking.metric_sinks import TensorBoardMetrics, build_metrics_logger
 
     metrics = build_metrics_logger(
         config,
