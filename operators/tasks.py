@@ -2,7 +2,7 @@
 
 The DAGs say which part of the pipeline they run (the corpus stages after a crawl or an ingest, the
 training stages, or both); the registry (``pipeline.stages``) says which stages those are, what each reads
-and how it runs. So a stage added to the registry joins `corpus_ingest`, `corpus_from_files`,
+and how it runs. So a stage added to the registry joins `corpus_crawl`, `corpus_from_files`,
 `reprocess_corpus`, `pretrain` and the demo `pretrain_pipeline` with no change here or in a DAG file.
 """
 

@@ -178,7 +178,7 @@ def latest_snapshot(config: PipelineConfig, stage: str) -> str:
     ]
     if not manifests:
         raise MissingInputError(
-            f"no complete {stage} snapshot under {folder}; run corpus_ingest first or give a snapshot"
+            f"no complete {stage} snapshot under {folder}; run corpus_crawl first or give a snapshot"
         )
     return max(manifests, key=lambda manifest: (manifest.created_at, manifest.snapshot)).snapshot
 

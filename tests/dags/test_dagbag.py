@@ -8,7 +8,7 @@ import pendulum
 import pytest
 
 DAGS_FOLDER = Path(__file__).resolve().parents[2] / "dags"
-DAG_IDS = {"corpus_ingest", "corpus_from_files", "pretrain", "reprocess_corpus", "pretrain_pipeline"}
+DAG_IDS = {"corpus_crawl", "corpus_from_files", "pretrain", "reprocess_corpus", "pretrain_pipeline"}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +47,12 @@ def test_form_fields_left_empty_are_accepted(dagbag):
                 assert params.validate()[name] is None, f"{dag.dag_id}.{name}"
 
 
-def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_tokens(dagbag):
+def test_corpus_crawl_maps_crawl_shards_then_runs_spark_stages_and_publishes_tokens(dagbag):
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
     from operators.assets import TOKEN_SHARDS
 
-    dag = dagbag.dags["corpus_ingest"]
+    dag = dagbag.dags["corpus_crawl"]
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # @daily: one snapshot a day
     assert_chain(
         dag, ["crawl_shards", "crawl_shard", "crawl", "clean", "dedup", "tokenize", "publish_token_shards"]
