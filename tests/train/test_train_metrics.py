@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.core.storage import DatasetRef
-from pipeline.tracking.metrics import PrometheusMetrics
+from pipeline.tracking.metric_sinks import PrometheusMetrics
 from pipeline.tracking.mlflow_runs import ENV_RUN_ID
 from pipeline.train.trainer import Trainer
 from tests.train.support import single_process, train_config, write_token_corpus
