@@ -190,6 +190,7 @@ def harness(trained, stream, export_folder: Path, folder: Path, settings) -> dic
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     train_ref, export_ref = inputs
+    export_ref.verify()  # the weights lm-evaluation-harness loads are the ones export wrote
     trained = TrainedRun.of(train_ref)
     settings = config.evaluate
     model = trained.model()

@@ -238,6 +238,27 @@ def latest_checkpoint(checkpoints: Path) -> Path:
     return shards[0].path_for(max(steps))
 
 
+def step_files(path: Path) -> list[Path]:
+    """Every file of the step ``path`` holds: its checkpoint files (one per pipeline shard) and their checksums."""
+    path = Path(path)
+    step = step_of(path)
+    shard = _SHARD_FOLDER.match(path.parent.name)
+    folders = (
+        [path.parent]
+        if shard is None
+        else [
+            checkpointer.folder
+            for checkpointer in shard_checkpointers(path.parent.parent, int(shard.group(2)))
+        ]
+    )
+    files = [folder / step_file(step) for folder in folders]
+    return [
+        file
+        for checkpoint in files
+        for file in (checkpoint, checkpoint.with_name(checkpoint.name + CHECKSUM_SUFFIX))
+    ]
+
+
 def whole_model_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint file ``path`` (or a checkpoints folder's newest) with the whole model under ``model``:
     a pipeline rank's part (``pp-rank-R-of-N/step-K.pt``) merged with the other ranks' parts of the same

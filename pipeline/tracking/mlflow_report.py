@@ -317,11 +317,16 @@ def register(
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    from pipeline.model.checkpoint import step_files
+
     train_ref, export_ref, evaluate_ref = inputs
     train_manifest = train_ref.manifest()
     chain = upstream_manifests(train_manifest)
     history = read_history(train_ref.path)
     checkpoint = train_ref.path / train_manifest.extra["checkpoint"]
+    # What gets registered is what export and train published, byte for byte.
+    export_ref.verify()
+    train_ref.verify(*(file.relative_to(train_ref.path).as_posix() for file in step_files(checkpoint)))
     tokenize = next((m for m in chain if m.stage == "tokenize"), None)
     tokenizer_file = Path(tokenize.path) / "tokenizer.json" if tokenize else None
     dataset_digest = tokenize.digest if tokenize else ""
