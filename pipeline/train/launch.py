@@ -27,7 +27,7 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
 from pipeline.train.faults import ENV_LAUNCHER_PID
 from pipeline.train.runs import decide_run, record_run
-from pipeline.train.threads import OMP_NUM_THREADS, threads_per_rank
+from pipeline.train.threads import CHOSEN_BY_LAUNCHER, OMP_NUM_THREADS, threads_per_rank
 
 log = logging.getLogger(__name__)
 DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
@@ -89,10 +89,12 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
     stands, and each rank sizes torch's threads by the same rule from what it finds.
     """
     env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
+    env.pop(CHOSEN_BY_LAUNCHER, None)  # a value this launcher did not choose is the environment's
     if train is not None:
         choice = threads_per_rank(train, environ=env)
         if choice.source != "environment":
             env[OMP_NUM_THREADS] = str(choice.threads)
+            env[CHOSEN_BY_LAUNCHER] = choice.reason
         log.info("CPU threads: %s", choice)
     # Each restart gets its own worker store (see pipeline.train.parallel._attempt_store for why).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
