@@ -113,6 +113,11 @@ class CleanConfig(Section):
     recipe: Literal["fineweb", "fineweb_strict"] = Field(
         "fineweb", description="named filter settings (RECIPES); explicit clean.* keys override them"
     )
+    unicode_form: Literal["NFC", "NFKC"] = Field(
+        "NFC",
+        description="Unicode normal form of the kept text: NFC keeps it as written (as FineWeb does); NFKC also "
+        "folds full-width punctuation, ligatures and the like into ASCII (docs/clean.md)",
+    )
     min_chars: int = Field(100, ge=0, description="shorter (normalised) texts are dropped before the filters")
     max_chars: int = Field(1_000_000, gt=0, description="longer raw texts are quarantined before any work")
     languages: list[str] = Field(["en"], min_length=1, description="language codes kept (py3langid labels)")

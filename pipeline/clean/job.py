@@ -88,7 +88,7 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
             lang = score = signals = c4_text = None
             if rules[row] is None and text is not None:
                 try:
-                    text = normalize_text(text)
+                    text = normalize_text(text, config.unicode_form)
                     if text:
                         lang, score = identify_language(text, config.langid_max_chars, config.language_groups)
                     if (
