@@ -59,7 +59,7 @@ def announce_token_shards(
 
     for report in report_paths:
         verdict = Manifest.read(f"{report}/{MANIFEST_NAME}").extra.get("gate")
-        if blocks_training(verdict):
+        if verdict is not None and blocks_training(verdict):
             raise AirflowSkipException(
                 f"quality gate failed for snapshot {snapshot!r} ({report}/report.html): "
                 + "; ".join(verdict["failures"])

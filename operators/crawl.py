@@ -40,5 +40,5 @@ class CrawlOperator(PipelineStageOperator):
         if self.shard is not None:
             from pipeline.crawl.sharding import shard_ref
 
-            return shard_ref(config, self.snapshot, int(self.shard))
+            return shard_ref(config, self.task_snapshot, int(self.shard))
         return super().output_ref(config)

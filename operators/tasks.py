@@ -133,4 +133,5 @@ def publish_token_shards(tasks: Mapping[str, BaseOperator]):
             report_paths=report_paths,
         )
 
-    return announce(tasks[training_input().name].output, report_outputs(tasks))
+    # Airflow passes the upstream tasks' XCom values at run time.
+    return announce(tasks[training_input().name].output, report_outputs(tasks))  # type: ignore[arg-type]

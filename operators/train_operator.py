@@ -62,7 +62,7 @@ class TrainOperator(PipelineOperator):
         self.launcher = launcher
         self.nproc_per_node = nproc_per_node
         self.nnodes = nnodes
-        self.input_stage = input_stage or registered_stage("train").default_input
+        self.input_stage = input_stage or registered_stage("train").reads[0]
         self.kubernetes_conn_id = kubernetes_conn_id
         self.kubernetes_settings = dict(kubernetes_settings or {})
         self.on_finish = on_finish
@@ -88,7 +88,7 @@ class TrainOperator(PipelineOperator):
     def execute(self, context) -> str:
         launcher = self._checked_launcher()
         config = self._config()
-        tokens = DatasetRef.of(config, self.input_stage, self.snapshot)
+        tokens = DatasetRef.of(config, self.input_stage, self.task_snapshot)
         if launcher == "local":
             return self._run_local(config, tokens)
         return self._start_kubernetes(config, context)
@@ -98,9 +98,9 @@ class TrainOperator(PipelineOperator):
     def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
         """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
         manifest = train(
-            config.with_run(name_run(config, self.snapshot)),
+            config.with_run(name_run(config, self.task_snapshot)),
             tokens,
-            self.snapshot,
+            self.task_snapshot,
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,
         )
@@ -140,7 +140,7 @@ class TrainOperator(PipelineOperator):
         name = job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
         # The one decision of the run the pods train: the config's, else the job's name, so a retry that
         # resubmits the job resumes it. execute_complete is handed the same run.
-        run = name_run(config, self.snapshot, default=name)
+        run = name_run(config, self.task_snapshot, default=name)
         config = config.with_run(run)
         settings = self.job_settings()
         api = job_api(settings.api)
@@ -148,7 +148,7 @@ class TrainOperator(PipelineOperator):
         manifest = render_job(
             config,
             name=name,
-            snapshot=self.snapshot,
+            snapshot=self.task_snapshot,
             input_stage=self.input_stage,
             settings=settings,
             lineage=lineage,
@@ -228,7 +228,7 @@ class TrainOperator(PipelineOperator):
         self._job = None
         if not succeeded:
             raise AirflowException(f"{api.kind} {namespace}/{name} ended {state}: {event.get('message', '')}")
-        train = DatasetRef.of(self._config().with_run(run), "train", self.snapshot)
+        train = DatasetRef.of(self._config().with_run(run), "train", self.task_snapshot)
         if not train.is_complete():
             self.log.warning(
                 "%s is not visible from this worker; mount the job's volume at project.data_root to read it",

@@ -114,7 +114,7 @@ TRAINING_FORM: tuple[FormField, ...] = (
 )
 CONFIG_FILE = "pretrain-config.yaml"
 
-_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
+_JSON_TYPES: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
 
 def key_schema(key: str) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def key_schema(key: str) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": ["null", kind]}
     for bound in declared.metadata:
         if isinstance(bound, Gt) and kind == "integer":
-            schema["minimum"] = bound.gt + 1
+            schema["minimum"] = int(bound.gt) + 1  # type: ignore[call-overload]  # an int bound on an int key
         elif isinstance(bound, Ge):
             schema["minimum"] = bound.ge
     return schema

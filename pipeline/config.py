@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Self, get_args, get_origin
 
 from pydantic import Field, create_model, model_validator
 from pydantic.fields import FieldInfo
@@ -27,6 +27,11 @@ __all__ = ["ConfigError", "PipelineConfig", "config_key", "key_choices", "load_c
 
 class _PipelineTree(CoreConfig):
     """What the whole tree knows beyond the shared sections: which stages keep one output per run."""
+
+    if TYPE_CHECKING:
+        # The stage sections join the tree at import time, from the registry (below): to a type checker each
+        # is simply an attribute of the tree.
+        def __getattr__(self, name: str) -> Any: ...
 
     @model_validator(mode="after")
     def _pipeline_fits_model(self):
@@ -45,7 +50,7 @@ class _PipelineTree(CoreConfig):
         """Training runs name the outputs of every per-run stage (train and its report): ``train.run_id``."""
         return self.train.run_id if self.keeps_runs(stage) else None
 
-    def with_run(self, run_id: str | None):
+    def with_run(self, run_id: str | None) -> Self:
         """This config naming the training run ``run_id`` (``train.run_id``); itself when that is None."""
         if run_id is None or run_id == self.train.run_id:
             return self
@@ -60,12 +65,15 @@ def section_class(location: str) -> type[Section]:
 
 
 SECTIONS: dict[str, type[Section]] = {name: section_class(where) for name, where in config_sections().items()}
-PipelineConfig = create_model(
-    "PipelineConfig",
-    __base__=_PipelineTree,
-    __doc__="Every setting of the pipeline: the shared sections plus each registered stage's.",
-    **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()},
-)
+if TYPE_CHECKING:
+    PipelineConfig = _PipelineTree
+else:
+    PipelineConfig = create_model(
+        "PipelineConfig",
+        __base__=_PipelineTree,
+        __doc__="Every setting of the pipeline: the shared sections plus each registered stage's.",
+        **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()},
+    )
 
 
 def load_config(
@@ -96,7 +104,7 @@ def key_choices(dotted: str) -> tuple[Any, ...] | None:
     declares (``model.preset``: the presets); None for an open type."""
     field = config_key(dotted)
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    if "enum" in extra:
-        return tuple(extra["enum"])
+    if isinstance(enum := extra.get("enum"), list):
+        return tuple(enum)
     literals = [arg for arg in (field.annotation, *get_args(field.annotation)) if get_origin(arg) is Literal]
     return tuple(value for literal in literals for value in get_args(literal)) if literals else None

@@ -222,5 +222,5 @@ def group(name: Group, *, reports: bool = True) -> list[Stage]:
 
 def training_input() -> Stage:
     """The corpus stage whose output training reads: the token shards corpus_crawl announces."""
-    first_training = group("training")[0]
-    return stage(first_training.default_input)
+    (name, *_) = group("training")[0].reads
+    return stage(name)

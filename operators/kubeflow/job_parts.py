@@ -268,8 +268,8 @@ def resource_documents(name: str) -> list[dict[str, Any]]:
 def crd_schema(crd: str, version: str) -> dict[str, Any]:
     """The openAPIV3Schema of one version of a vendored CRD (a file of ``resources/``), as strict JSON Schema."""
     documents = resource_documents(crd)
-    (crd,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
-    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    (definition,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
+    (served,) = [v for v in definition["spec"]["versions"] if v["name"] == version]
     return _strict(served["schema"]["openAPIV3Schema"])
 
 

@@ -98,7 +98,7 @@ def render_pytorch_job(
     One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
     (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
     """
-    input_stage = input_stage or registered_stage("train").default_input
+    input_stage = input_stage or registered_stage("train").reads[0]
     settings = settings or KubernetesJobSettings()
     lineage = lineage or Lineage()
     check_data_root(config)

@@ -117,7 +117,7 @@ def render_train_job(
     lineage: Lineage | None = None,
 ) -> dict[str, Any]:
     """The TrainJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot."""
-    input_stage = input_stage or registered_stage("train").default_input
+    input_stage = input_stage or registered_stage("train").reads[0]
     settings = settings or KubernetesJobSettings()
     lineage = lineage or Lineage()
     check_data_root(config)

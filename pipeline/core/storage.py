@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -190,7 +190,7 @@ class StageOutput:
         self,
         ref: DatasetRef,
         config: CoreConfig,
-        inputs: list[DatasetRef] = (),
+        inputs: Sequence[DatasetRef] = (),
         lineage: Lineage | None = None,
         resumable: bool = False,
     ) -> None:
@@ -227,7 +227,8 @@ class StageOutput:
                         f"{self.ref.stage}: output block ended without commit(); nothing was published"
                     )
         finally:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
 
     def _remove_stale_staging(self) -> None:
         """A killed earlier attempt leaves its staging folder behind; it was never visible, so drop it."""

@@ -57,6 +57,8 @@ def generate(argv: list[str] | None = None) -> list[dict]:
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.encode_special_tokens = True  # as the tokenize stage encoded the training text
     stop = tokenizer.token_to_id(eos_token)
+    if stop is None:
+        raise StageFailure(f"the tokenizer has no end-of-text token {eos_token!r}")
     generator = torch.Generator().manual_seed(config.project.seed if args.seed is None else args.seed)
     results = []
     for prompt in args.prompt:

@@ -110,7 +110,9 @@ def document_losses(
 
 def grouped(loss_sums, counts, keys: list[str], top: int | None = None) -> dict[str, dict[str, Any]]:
     """Token-weighted loss and perplexity per key, largest groups first; past ``top``, one "other" group."""
-    sums, tokens, docs = defaultdict(float), defaultdict(int), defaultdict(int)
+    sums: defaultdict[str, float] = defaultdict(float)
+    tokens: defaultdict[str, int] = defaultdict(int)
+    docs: defaultdict[str, int] = defaultdict(int)
     for key, loss, count in zip(keys, loss_sums, counts, strict=True):
         sums[key] += loss
         tokens[key] += int(count)

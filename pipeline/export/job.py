@@ -51,7 +51,7 @@ def save_tokenizer_files(
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    special = {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}
+    special: dict[str, Any] = {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_file(str(tokenizer_file)),
         **special,

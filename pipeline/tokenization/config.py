@@ -17,7 +17,8 @@ class TokenizerConfig(Section):
     pad_token: str = "<|pad|>"
     reserved_tokens: int = Field(4, ge=0)
     unicode_form: Literal["NFC", "NFKC"] = Field(
-        "NFC", description="the tokenizer's normaliser, as clean.unicode_form (NFKC folds full-width punctuation)"
+        "NFC",
+        description="the tokenizer's normaliser, as clean.unicode_form (NFKC folds full-width punctuation)",
     )
     split_cjk: bool = Field(
         False, description="isolate each CJK ideograph before BPE (like BERT's tokenize_chinese_chars)"

@@ -233,8 +233,8 @@ def log_model_files(
     tokenizer and ``tracking.sample_tokens``) and the model (``save_registered_model``), each logged to the
     run."""
     samples = []
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
         if history:
             plot_training(history, scratch / "training.png")
             tracked.log_artifact(scratch / "training.png", "plots")

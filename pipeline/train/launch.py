@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
@@ -34,7 +34,7 @@ DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
 
 
 def name_run(
-    config: PipelineConfig, snapshot: str, inputs: list[DatasetRef] = (), default: str | None = None
+    config: PipelineConfig, snapshot: str, inputs: Sequence[DatasetRef] = (), default: str | None = None
 ) -> str:
     """The run this launcher trains, decided here once (``pipeline.train.runs.decide_run``) and handed to the
     ranks as ``train.run_id``. Every node of a multi-node training runs its own launcher, and they must all
@@ -134,17 +134,18 @@ def train(
     goes on, so the ranks checkpoint and stop, then ``TrainingStopped`` says where; a second one kills
     the group. An Airflow task leaves it off: Airflow's own handler kills the group (``on_kill``).
     """
-    if config.train.run_id is None:
+    run_id = config.train.run_id
+    if run_id is None:
         raise ValueError("launch.train trains the run its caller decided: name it with name_run() first")
-    output = DatasetRef.of(config, "train", snapshot)
+    output = DatasetRef.of(config, "train", snapshot, run_id)
     command = prepare_torchrun(config, tokens, snapshot)
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
-    failures = prepare_failures_folder(config, snapshot, output.run)
+    failures = prepare_failures_folder(config, snapshot, run_id)
     env = {**child_environment(config.train), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
     try:
         with OutputLock(output.path, what=output.what):
-            record_run(staging, config, output.run)
+            record_run(staging, config, run_id)
             run_streaming(
                 command,
                 env=env,
@@ -162,7 +163,7 @@ def train(
             newest = steps[-1] if steps else None
             raise TrainingStopped(
                 newest,
-                checkpoints.path_for(newest) if steps else None,
+                checkpoints.path_for(newest) if newest is not None else None,
                 signal.Signals(failed.stopped_by).name,
             ) from None
         resume = f"resumes from step {steps[-1]}" if steps else "starts over (no checkpoint yet)"

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig
 from pipeline.data.loader import Batch
@@ -163,10 +164,10 @@ class DataParallelism(Parallelism):
         self.module = model
         self.model_parts = [model]
         self.parallel_model = data_parallel(model, ctx, train)
-        self.ddp = self.parallel_model is not model
+        self.ddp = self.parallel_model if isinstance(self.parallel_model, DistributedDataParallel) else None
         settle_buckets(self.parallel_model, lambda: _placeholder(train, ctx.device), precision.autocast)
         self.compression: GradientCompression | None = None
-        if self.ddp:
+        if self.ddp is not None:
             self.compression = build_compression(
                 train.grad_compression,
                 ctx.world_size,
@@ -175,7 +176,7 @@ class DataParallelism(Parallelism):
                 seed=config.project.seed,
             )
             if self.compression is not None:
-                self.compression.register(self.parallel_model)
+                self.compression.register(self.ddp)
         self.forward_model = torch.compile(self.parallel_model) if train.compile else self.parallel_model
 
     def forward_backward(self, batches: list[Batch]) -> StepLoss:
@@ -190,7 +191,7 @@ class DataParallelism(Parallelism):
             batch = batch.to(ctx.device, non_blocking=True)
             last = index == len(batches) - 1
             # Reduce gradients once per step, on the last micro-batch.
-            with contextlib.nullcontext() if last or not self.ddp else self.parallel_model.no_sync():
+            with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
                 with self.precision.autocast():
                     out = self.forward_model(
                         batch.inputs, batch.targets, batch.document_ids if self.document_masking else None
@@ -227,7 +228,7 @@ class DataParallelism(Parallelism):
         return {"compression": CompressionState(self.compression, self.ctx.device)}
 
     def describe(self) -> str:
-        if not self.ddp:
+        if self.ddp is None:
             return "one process"
         return f"data parallel over {self.ctx.world_size} ranks"
 

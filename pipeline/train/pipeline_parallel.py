@@ -136,11 +136,12 @@ def stage_model(model: GPT, split: PipelineSplit, stage: int) -> GPT:
     part = copy.deepcopy(model)
     first, end = split.layers[stage]
     part.blocks = nn.ModuleList(part.blocks[first:end])
+    # GPT runs without the parts a stage does not hold (its forward checks for each).
     if stage > 0:
-        part.embed_tokens = None
+        part.embed_tokens = None  # type: ignore[assignment]
     if stage < split.num_stages - 1:
-        part.norm = None
-        part.lm_head = None
+        part.norm = None  # type: ignore[assignment]
+        part.lm_head = None  # type: ignore[assignment]
     return part
 
 
@@ -208,7 +209,7 @@ def _sub_context(ctx: DistributedContext, mesh: DeviceMesh, dim: str) -> Distrib
         control, _ = dist.new_subgroups_by_enumeration(members, backend="gloo")
     return DistributedContext(
         rank=mesh.get_local_rank(dim),
-        world_size=mesh.size(mesh.mesh_dim_names.index(dim)),
+        world_size=dist.get_world_size(group),
         local_rank=ctx.local_rank,
         device=ctx.device,
         backend=ctx.backend,
@@ -270,13 +271,13 @@ class PipelineParallelism(Parallelism):
         self.schedule = schedule(self.stages if len(self.stages) > 1 else self.stages[0], **options)
         self._tied = self._tied_weight(model.config, ranks)
         self._step_tokens = 1
-        self._losses = []
+        self._losses: list[torch.Tensor] = []
         self._loss_busy_s = 0.0
         self._wall_s = 0.0
         self._steps = 0
         self.settle(placeholder_batch(train, ctx.device))
 
-    def _tied_weight(self, config: GPTConfig, ranks: int) -> tuple[Any, nn.Parameter, bool] | None:
+    def _tied_weight(self, config: GPTConfig, ranks: int) -> tuple[Any, torch.Tensor, bool] | None:
         """(group, this rank's copy, whether it is the head's) for a tied embedding, else None.
 
         Every rank joins the creation of every embedding group (first and last pp rank of each dp index)."""
@@ -311,7 +312,7 @@ class PipelineParallelism(Parallelism):
         (batch,) = batches
         batch = batch.to(self.ctx.device)
         step_tokens = self._step_tokens = batch.num_tokens * self.dp.world_size  # packed: every row is full
-        self._losses: list[torch.Tensor] = []
+        self._losses = []
         kwargs = {"document_ids": batch.document_ids} if self.document_masking else {}
         args = (batch.inputs,) if self.has_first else ()
         started = time.perf_counter()
@@ -337,7 +338,7 @@ class PipelineParallelism(Parallelism):
     def total_norm(self, parameters: list[torch.Tensor]) -> torch.Tensor:
         """The gradient norm over every stage (the tied matrix counted once, on the first stage)."""
         skipped = self._tied[1] if self._tied is not None and self._tied[2] else None
-        grads = [p.grad for p in parameters if p is not skipped]
+        grads = [p.grad for p in parameters if p is not skipped and p.grad is not None]
         local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.ctx.device)
         return self.pp.all_reduce(local.square()).sqrt()
 

@@ -372,7 +372,7 @@ class Trainer(Stateful):
         loss = self.parallelism.reported_loss(self.last_step)
         figures: dict[str, float] = {
             "loss": round(loss, 6),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": float(self.scheduler.get_last_lr()[0]),
             "grad_norm": round(float(self._grad_norm), 6),
         }
         figures.update(self.throughput.collect())  # after the .item() above, so the device work is done

@@ -127,7 +127,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "numpy": {
             "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
             "position": int(position),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
