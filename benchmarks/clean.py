@@ -23,7 +23,8 @@ and the share of documents on which both make the same keep/drop decision, with 
 (our rule, datatrove's reason).
 
 ``--unicode-form NFKC`` runs ours with ``clean.unicode_form=NFKC`` (default: NFC), and ``--datatrove-text
-ftfy`` gives datatrove the text as FineWeb keeps it (ftfy's ``fix_text`` with its defaults, NFC) instead of
+ftfy`` gives datatrove the text as FineWeb keeps it (datatrove's ``FTFYFormatter``: ftfy's encoding repairs,
+no width folding, no normal form: "fix_character_width enforces the WRONG punctuation for chinese") instead of
 ours: together they measure what our normal form changes against FineWeb's (docs/clean.md). The result then
 also says how many Chinese documents the form changed. Ours runs once untimed on 500 other documents first (JIT and Python worker
 start-up, reported); datatrove's worker start-up is inside its time. The last line printed is one JSON object.
@@ -35,6 +36,7 @@ import argparse
 import base64
 import collections
 import datetime
+import functools
 import glob
 import json
 import os
@@ -236,10 +238,16 @@ def datatrove_text(text: str, form: str, source: str) -> str:
     from pipeline.clean.normalize import normalize_text
 
     if source == "ftfy":
-        import ftfy
-
-        return ftfy.fix_text(text)
+        return _ftfy_formatter().format(text)
     return normalize_text(text, form)
+
+
+@functools.cache
+def _ftfy_formatter():
+    """datatrove's FTFYFormatter with its defaults: encoding repairs only, no width folding, no normal form."""
+    from datatrove.pipeline.formatters import FTFYFormatter
+
+    return FTFYFormatter()
 
 
 def build_corpus(
