@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.classify.config import ClassifierTrainingConfig, ClassifyConfig
 from pipeline.clean.config import CleanConfig
 from pipeline.core.config import Section
 from pipeline.crawl.config import CrawlConfig
@@ -106,9 +107,29 @@ STAGES: tuple[Stage, ...] = (
         sections={"dedup": DedupConfig},
     ),
     Stage(
+        name="train_classifier",
+        package="pipeline.classify.training",
+        reads=(),
+        runner="spark",
+        group="corpus",
+        help="Spark + fastText: train a quality classifier from reference text against a corpus sample "
+        "(or labelled scores); --snapshot names the model",
+        sections={"classifier": ClassifierTrainingConfig},
+        artifacts=("model.bin", "model.json", "metrics.json", "plots"),
+    ),
+    Stage(
+        name="classify",
+        package="pipeline.classify",
+        reads=("dedup",),
+        runner="spark",
+        group="corpus",
+        help="Spark: a score column per classifier (any fastText .bin, or a trained one), keep a threshold or top fraction",
+        sections={"classify": ClassifyConfig},
+    ),
+    Stage(
         name="quality",
         package="pipeline.quality",
-        reads=("dedup",),
+        reads=("classify",),
         runner="spark",
         group="corpus",
         help="data-quality report on the finished documents: report.html, metrics.json, plots",
@@ -119,7 +140,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="tokenize",
         package="pipeline.tokenization",
-        reads=("dedup",),
+        reads=("classify",),
         runner="spark",
         group="corpus",
         help="train a byte-level BPE and encode the finished documents into token shards",
