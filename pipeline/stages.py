@@ -19,6 +19,7 @@ from pipeline.clean.config import CleanConfig
 from pipeline.core.config import Section
 from pipeline.crawl.config import CrawlConfig
 from pipeline.data.config import DataConfig
+from pipeline.decontaminate.config import DecontaminateConfig
 from pipeline.dedup.config import DedupConfig
 from pipeline.evaluate.config import EvaluateConfig
 from pipeline.export.config import ExportConfig
@@ -127,9 +128,18 @@ STAGES: tuple[Stage, ...] = (
         sections={"classify": ClassifyConfig},
     ),
     Stage(
+        name="decontaminate",
+        package="pipeline.decontaminate",
+        reads=("classify",),
+        runner="spark",
+        group="corpus",
+        help="Spark: drop (or cut) documents sharing a 13-gram with evaluation sets (held-out, lm-eval, files)",
+        sections={"decontaminate": DecontaminateConfig},
+    ),
+    Stage(
         name="quality",
         package="pipeline.quality",
-        reads=("classify",),
+        reads=("decontaminate",),
         runner="spark",
         group="corpus",
         help="data-quality report on the finished documents: report.html, metrics.json, plots",
@@ -140,7 +150,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         name="tokenize",
         package="pipeline.tokenization",
-        reads=("classify",),
+        reads=("decontaminate",),
         runner="spark",
         group="corpus",
         help="train a byte-level BPE and encode the finished documents into token shards",
