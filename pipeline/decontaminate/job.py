@@ -218,7 +218,7 @@ def joined_matches(docs: DataFrame, index: DataFrame, ngrams: int, widths: list[
             yield pa.RecordBatch.from_pydict(rows, schema=schema)
 
     found = map_in_arrow(docs.select("id", "text"), candidates, spark_schema(schema))
-    confirmed = found.join(index, ["hash", "check"])
+    confirmed = found.join(index.select("hash", "check", "set_order"), ["hash", "check"])
     return confirmed.groupBy("id").agg(
         F.collect_list(F.struct("start", "width", "set_order", "ngram")).alias("matches")
     )

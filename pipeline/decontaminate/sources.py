@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.sources import source_files
 from pipeline.core.manifest import MANIFEST_NAME
-from pipeline.core.storage import DatasetRef, local_path
+from pipeline.core.storage import LATEST, DatasetRef, local_path
 from pipeline.decontaminate.config import EvalSet
 
 if TYPE_CHECKING:
@@ -75,8 +75,9 @@ def heldout_items(
                 "*/lm_eval/*.jsonl"
             )
         ):
-            if not (task_file.parent.parent / MANIFEST_NAME).is_file():
-                continue  # a run still being written
+            run = task_file.parent.parent
+            if run.name == LATEST or run.is_symlink() or not (run / MANIFEST_NAME).is_file():
+                continue  # `latest` points at a run listed anyway; a run without a manifest is being written
             for line in task_file.read_text(encoding="utf-8").splitlines():
                 item = json.loads(line)
                 if "context" in item and "choices" in item and "label" in item:
