@@ -15,6 +15,7 @@ from pipeline.core.manifest import MANIFEST_NAME, Manifest
 
 # Clean's rules in the order the recipe applies them (the manifest lists them alphabetically).
 CLEAN_RULE_ORDER = (
+    "url",
     "extract",
     "clean",
     "normalize",
