@@ -20,12 +20,12 @@ With no model configured, the stage writes its input's documents unchanged (``pa
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.config import ClassifyConfig, ScoringModel
 from pipeline.classify.models import ResolvedModel, resolve, score_batches, scored_schema
 from pipeline.classify.passthrough import pass_through
+from pipeline.classify.plots import plot_scores
 from pipeline.classify.selection import Cut, drop_reason_sql, top_fraction_cut
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
@@ -142,33 +142,6 @@ def summary(decided: DataFrame) -> dict[str, Any]:
     }
 
 
-def plot_scores(name: str, view: dict[str, Any], cut: Cut, path: Path) -> Path:
-    """The score histogram of one model, a line per language, with the cut: where to put a threshold."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    bins = view["bins"]
-    edges = np.linspace(0, 1, bins + 1)
-    figure, axis = plt.subplots(figsize=(7, 3.5))
-    for lang, counts in view["histogram"].items():
-        axis.stairs(counts, edges, label=f"{lang} ({sum(counts):,})")
-    bounds = {"": cut.threshold, **cut.language_thresholds} if cut.mode != "none" else {}
-    for lang, value in bounds.items():
-        if value is not None:
-            axis.axvline(value, color="tab:red", linestyle="--", linewidth=1)
-            axis.annotate(f"cut {lang} {value:.3g}".replace("  ", " "), (value, 0), rotation=90, fontsize=7)
-    axis.set(title=f"classifier {name}: score per document", xlabel="score", ylabel="documents", xlim=(0, 1))
-    if view["histogram"]:
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
-
-
 def score(docs: DataFrame, models: list[ResolvedModel], loads: dict) -> DataFrame:
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -230,7 +203,6 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         passed_through: dict[str, dict[str, int]] = {}
         for (spec, cut), model in zip(cuts, resolved, strict=True):
             view = views[spec.name]
-            plot_scores(spec.name, view, cut, plots / f"scores_{spec.name}.png")
             passed_through[spec.name] = view["passed_through"]
             record[spec.name] = {
                 **model.record(),
@@ -241,6 +213,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "dropped": counters["dropped"].get(spec.reason, 0),
                 **view,
             }
+            plot_scores(spec.name, record[spec.name], plots / f"scores_{spec.name}.png")
             log.info(
                 "classify: %s %s, dropped %d (loaded %d time(s) in the workers)",
                 spec.name,
