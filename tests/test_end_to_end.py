@@ -38,7 +38,8 @@ def test_corpus_ingest_then_pretrain_end_to_end(airflow_db, tmp_path):
     assert crawl.counters["fetched"] >= 15
     assert clean.rows["documents"] >= 10
     assert 0 < dedup.rows["documents"] <= clean.rows["documents"]
-    assert [i["stage"] for i in tokenize.inputs] == ["dedup"]  # tokenize reads the deduplicated documents
+    # tokenize reads the deduplicated, classified and decontaminated documents
+    assert [i["stage"] for i in tokenize.inputs] == ["decontaminate"]
     assert tokenize.counters["tokens"]["train"] > 1000
     assert crawl.extra["shards"] and crawl.inputs[0]["stage"] == "crawl-shards"  # mapped shards, then merge
     quality = DatasetRef.of(config, "quality", "e2e").manifest()

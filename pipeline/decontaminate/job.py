@@ -90,6 +90,18 @@ def items_frame(
     return items, found
 
 
+def anything_to_read(config: PipelineConfig, snapshot: str) -> bool:
+    """False when every set is this corpus's held-out material and no other snapshot has any (a first
+    snapshot, the demo): then there is nothing to index and Spark need not start."""
+    for eval_set in config.decontaminate.sets:
+        if eval_set.kind != "heldout":
+            return True
+        for stage in ("tokenize", "evaluate"):
+            if sources.heldout_snapshots(config, stage, snapshot, eval_set.snapshots):
+                return True
+    return False
+
+
 def index_batches(
     batches: Iterator[pa.RecordBatch], ngram_size: int, min_ngram_size: int
 ) -> Iterator[pa.RecordBatch]:
@@ -261,6 +273,20 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     settings = config.decontaminate
     set_names = [s.name for s in settings.sets]
     with StageOutput(output, config, inputs) as out:
+        if not anything_to_read(config, output.snapshot):
+            rows, counters = pass_through(source, out.path, CONTAMINATION_FIELDS)
+            log.info(
+                "decontaminate: no evaluation set holds anything yet: %d documents passed through",
+                rows["documents"],
+            )
+            sets = {s.name: {"kind": s.kind, "items": 0, "ngrams": 0} for s in settings.sets}
+            return out.commit(
+                rows=rows,
+                counters=counters,
+                extra={
+                    "decontaminate": {"sets": sets, "ngram_size": settings.ngram_size, "mode": settings.mode}
+                },
+            )
         spark = spark_session(config, f"decontaminate-{output.corpus}-{output.snapshot}")
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
