@@ -32,7 +32,7 @@ class EvalSet(Section):
         None,
         description="heldout: the snapshots to read (null: every complete one except the one decontaminated)",
     )
-    max_items: int | None = Field(None, gt=0, description="read at most this many items (the first ones)")
+    max_items: int | None = Field(None, gt=0, description="read at most this many items (a seeded sample)")
 
     @model_validator(mode="after")
     def _what_the_kind_needs(self) -> EvalSet:

@@ -81,8 +81,10 @@ def items_frame(
             frame = extra if frame is None else frame.unionByName(extra)
         if frame is None:
             continue
-        if eval_set.max_items is not None:
-            frame = frame.limit(eval_set.max_items)
+        if eval_set.max_items is not None:  # a seeded sample: the same items on every run
+            frame = frame.orderBy(F.xxhash64(F.lit(config.project.seed), "text"), "text").limit(
+                eval_set.max_items
+            )
         frames.append(frame.select(F.lit(order).cast("int").alias("set_order"), "text"))
     items = None
     for frame in frames:

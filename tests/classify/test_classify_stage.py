@@ -255,3 +255,35 @@ def test_no_model_passes_the_documents_through_unchanged(world):
         k: v.sha256 for k, v in upstream.files.items() if k.startswith("documents/")
     }
     assert pq.read_table(DatasetRef.of(config, "classify", "plain").path / "excluded").num_rows == 0
+
+
+@pytest.mark.parametrize("keep", ["high", "low"])
+def test_the_top_fraction_cut_is_exact_with_ties_and_any_fraction(world, keep):
+    """Scores from a few values (many ties): the cut keeps round(fraction * n), best first, ties by id."""
+    from pyspark.sql import functions as F
+
+    from pipeline.classify.selection import keep_condition, top_fraction_cut
+    from pipeline.core.spark import spark_session
+
+    spark = spark_session(world["config"], "test-classify")
+    rng = random.Random(17)
+    for _ in range(4):
+        n = rng.randint(50, 400)
+        rows = [
+            (f"{i:05d}", rng.choice([0.1, 0.25, 0.5, 0.5, 0.75, 0.9]) if rng.random() > 0.1 else None)
+            for i in range(n)
+        ]
+        frame = spark.createDataFrame(rows, "id string, score_m double")
+        fraction = rng.choice([0.01, 0.1, 0.333, 0.5, 0.9, 0.999])
+        cut = top_fraction_cut(frame, "score_m", fraction, keep, error=0.01)
+        kept = {
+            r["id"]
+            for r in frame.where(F.expr(keep_condition("score_m", cut)))
+            .where("score_m IS NOT NULL")
+            .collect()
+        }
+        scored = [(s, i) for i, s in rows if s is not None]
+        order = sorted(scored, key=lambda pair: ((-pair[0] if keep == "high" else pair[0]), pair[1]))
+        k = int(fraction * len(scored) + 0.5)
+        assert kept == {i for _, i in order[:k]}, (n, fraction, cut)
+        assert abs(len(kept) - fraction * len(scored)) <= 1
