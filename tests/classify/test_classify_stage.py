@@ -54,6 +54,7 @@ def world(tmp_path_factory):
         f"classifier.positives=[{{path: {reference}}}]",
         "classifier.negatives=[{stage: junk, snapshot: pool}]",
         "classifier.max_examples_per_class=600",
+        "classifier.fasttext.bucket=50000",  # a 20 MB model instead of DCLM's 800 MB of bigram buckets
     ]
     config = make_config(root / "data", *overrides)
     trained = training_job.run(config, [], DatasetRef.of(config, "train_classifier", "wiki"))
