@@ -114,9 +114,13 @@ def index_batches(
 
 
 def build_index(
-    items: DataFrame, settings: DecontaminateConfig, sets: int
-) -> tuple[DataFrame, dict[str, Any]]:
-    """One row per distinct n-gram (the first set in config order claims it), cached, and counts per set."""
+    items: DataFrame, settings: DecontaminateConfig
+) -> tuple[DataFrame, list | None, dict[str, Any]]:
+    """One row per distinct n-gram (the first set in config order claims it): (the index, its rows when it is
+    small enough to broadcast, else None, and counts per set). A small index costs one job to build and
+    collect; a large one stays in Spark, cached, for the join."""
+    from collections import Counter
+
     from pyspark.sql import functions as F
 
     rows = map_in_arrow(
@@ -129,14 +133,23 @@ def build_index(
         rows.groupBy("hash")
         .agg(first.alias("first"))
         .select("hash", "first.check", "first.set_order", "first.width")
-        .cache()
     )
-    per_set = {int(r["set_order"]): int(r["count"]) for r in index.groupBy("set_order").count().collect()}
+    collected = index.limit(settings.broadcast_max_ngrams + 1).collect()
+    if len(collected) <= settings.broadcast_max_ngrams:
+        per_set = Counter(int(r["set_order"]) for r in collected)
+    else:
+        collected = None
+        index = index.cache()
+        per_set = {int(r["set_order"]): int(r["count"]) for r in index.groupBy("set_order").count().collect()}
     item_counts = items.groupBy("set_order").count().collect()
-    return index, {
-        "ngrams": per_set,
-        "items": {int(r["set_order"]): int(r["count"]) for r in item_counts},
-    }
+    return (
+        index,
+        collected,
+        {
+            "ngrams": dict(per_set),
+            "items": {int(r["set_order"]): int(r["count"]) for r in item_counts},
+        },
+    )
 
 
 def decide(
@@ -295,10 +308,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         from pyspark.sql.pandas.types import to_arrow_schema
 
         items, found = items_frame(spark, config, output.snapshot)
-        index, stats = (
-            build_index(items, settings, len(set_names))
-            if items is not None
-            else (None, {"ngrams": {}, "items": {}})
+        index, collected, stats = (
+            build_index(items, settings) if items is not None else (None, [], {"ngrams": {}, "items": {}})
         )
         total = sum(stats["ngrams"].values())
         sets_record = {
@@ -331,9 +342,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             raise ValueError(f"input documents lack column(s) {missing}; found {docs.columns}")
         arrow = to_arrow_schema(docs.schema, timezone="UTC")
         out_schema = pa.schema([*arrow, *CONTAMINATION_FIELDS, pa.field("drop_reason", pa.string())])
-        widths = sorted(int(r["width"]) for r in index.select("width").distinct().collect())
-        if total <= settings.broadcast_max_ngrams:
-            collected = index.collect()
+        if collected is not None:
+            widths = sorted({int(r["width"]) for r in collected})
             shared = spark.sparkContext.broadcast(
                 NgramIndex.from_rows(
                     [r["hash"] for r in collected],
@@ -344,9 +354,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             )
             body_input, path = docs, "broadcast"
         else:
+            widths = sorted(int(r["width"]) for r in index.select("width").distinct().collect())
             matched = joined_matches(docs, index, total, widths)
             body_input, shared, path = docs.join(F.broadcast(matched), "id", "left"), None, "join"
-        index.unpersist()
         extra["decontaminate"]["index"] = {"ngrams": total, "widths": widths, "path": path}
         decided = map_in_arrow(
             body_input,
@@ -371,6 +381,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             )
         finally:
             decided.unpersist()
+            index.unpersist()  # cached on the join path, which reads it until the decisions are written
         log.info(
             "decontaminate: kept %d of %d documents; dropped %s",
             kept,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -40,22 +40,28 @@ class Shingled:
     """Every n-gram of a batch of texts for one width: ``hashes[offsets[d]:offsets[d + 1]]`` are text d's, in
     word order (the i-th starts at word i); a text shorter than the width has one, all its words."""
 
-    tokens: list[list[str]]
+    normalized: pa.Array
     hashes: np.ndarray  # int64
     offsets: np.ndarray
     width: int
+    _words: dict[int, list[str]] = field(default_factory=dict)
+
+    def words(self, doc: int) -> list[str]:
+        """A text's normalised words, split only for the texts that need them (a hit, an item)."""
+        if doc not in self._words:
+            text = self.normalized[doc].as_py()
+            self._words[doc] = text.split(" ") if text else []
+        return self._words[doc]
 
     def ngram(self, doc: int, local: int) -> str:
-        words = self.tokens[doc]
-        return " ".join(words[local : local + self.width])
+        return " ".join(self.words(doc)[local : local + self.width])
 
 
 def shingle(texts: Sequence[str | None], width: int, normalized: pa.Array | None = None) -> Shingled:
     if normalized is None:
         normalized = normalize_for_dedup(pa.array(list(texts), pa.string()))
     found = shingle_hashes(normalized, np.full(len(normalized), width, dtype=np.int64))
-    tokens = [text.split(" ") if text else [] for text in normalized.to_pylist()]
-    return Shingled(tokens, found.hashes.view(np.int64), found.offsets, width)
+    return Shingled(normalized, found.hashes.view(np.int64), found.offsets, width)
 
 
 def item_ngram_rows(
@@ -64,7 +70,8 @@ def item_ngram_rows(
     """INDEX_SCHEMA rows for every n-gram of every item, and per item how many it gave (0: too short)."""
     shingled = shingle(texts, ngram_size)
     hashes, checks, orders, widths, per_item = [], [], [], [], []
-    for item, words in enumerate(shingled.tokens):
+    for item in range(len(texts)):
+        words = shingled.words(item)
         if len(words) < min_ngram_size:
             per_item.append(0)
             continue
@@ -139,9 +146,7 @@ class NgramIndex:
                 entry = int(position[hit])
                 if check_hash(ngram) == int(self.checks[entry]):
                     found[doc].append(
-                        Match(
-                            local, min(width, len(shingled.tokens[doc])), int(self.set_orders[entry]), ngram
-                        )
+                        Match(local, min(width, len(shingled.words(doc))), int(self.set_orders[entry]), ngram)
                     )
         for matches in found:
             matches.sort(key=lambda m: (m.start, m.width))
@@ -195,7 +200,7 @@ def candidate_rows(
             ngram = shingled.ngram(doc, local)
             rows["id"].append(ids[doc])
             rows["start"].append(local)
-            rows["width"].append(min(width, len(shingled.tokens[doc])))
+            rows["width"].append(min(width, len(shingled.words(doc))))
             rows["hash"].append(int(shingled.hashes[hit]))
             rows["check"].append(check_hash(ngram))
             rows["ngram"].append(ngram)
