@@ -21,6 +21,7 @@ from pipeline.classify.preprocess import dclm
 from pipeline.classify.training import job as training_job
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
+from pipeline.entrypoint import stage_main
 from tests.classify.corpus import document, publish_documents
 from tests.classify.texts import junk_documents, wikipedia_extracts
 from tests.conftest import make_config
@@ -57,7 +58,20 @@ def world(tmp_path_factory):
         "classifier.fasttext.bucket=50000",  # a 20 MB model instead of DCLM's 800 MB of bigram buckets
     ]
     config = make_config(root / "data", *overrides)
-    trained = training_job.run(config, [], DatasetRef.of(config, "train_classifier", "wiki"))
+    # Through the stage's entrypoint, as `pretrain train_classifier` runs it: MLflow records the run.
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    settings = [
+        f"project.data_root={root / 'data'}",
+        "spark.master=local[2]",
+        "spark.shuffle_partitions=4",
+        "logging.console=false",
+        f"tracking.mlflow_tracking_uri={store}",
+        "tracking.experiment=classifiers",
+        *overrides,
+    ]
+    argv = ["--snapshot", "wiki", *[arg for item in settings for arg in ("--set", item)]]
+    assert stage_main(argv, stage="train_classifier", description="", run=training_job.run) == 0
+    trained = DatasetRef.of(config, "train_classifier", "wiki").manifest()
 
     # Labelled scores for the embedding kind: Wikipedia leads score 4, junk scores 1.
     labelled = root / "labelled.parquet"
@@ -99,6 +113,7 @@ def world(tmp_path_factory):
     output = DatasetRef.of(classify_config, "classify", SNAPSHOT)
     manifest = classify_job.run(classify_config, inputs, output)
     return {
+        "mlflow": store,
         "config": classify_config,
         "trained": trained,
         "embedded": embedded,
@@ -126,6 +141,23 @@ def test_fasttext_classifier_separates_reference_text_from_junk(world):
     calibration = json.loads((folder / "metrics.json").read_text())["calibration"]
     assert sum(row["documents"] for row in calibration) == held
     assert [i["stage"] for i in trained.inputs] == ["junk"]  # the negatives' stage output, for lineage
+
+
+def test_the_model_file_and_its_figures_are_logged_to_mlflow(world):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(world["mlflow"])
+    experiment = client.get_experiment_by_name("classifiers")
+    (run,) = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("pretrain.stage") == "train_classifier"
+    ]
+    assert run.data.metrics["metrics.roc_auc"] == world["trained"].extra["metrics"]["roc_auc"]
+    assert {"metrics.precision", "metrics.recall"} <= set(run.data.metrics)
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "train_classifier")}
+    assert {"train_classifier/model.bin", "train_classifier/metrics.json", "train_classifier/plots"} <= logged
+    assert run.data.tags["pretrain.output_digest"] == world["trained"].digest
 
 
 def test_embedding_classifier_on_labelled_scores(world):
