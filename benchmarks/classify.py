@@ -149,7 +149,7 @@ def spark_matching_pass(spark, files: list[str], items: list[str]) -> tuple[floa
 
     rows, _ = item_ngram_rows(items, [0] * len(items), NGRAM, 8)
     columns = rows.to_pydict()
-    index = NgramIndex.from_rows(columns["hash"], columns["check"], columns["set_order"], columns["width"])
+    index = NgramIndex.from_columns(columns, 8)
     shared = spark.sparkContext.broadcast(index)
     schema = pa.schema([("id", pa.string())])
 

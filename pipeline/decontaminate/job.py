@@ -128,11 +128,11 @@ def build_index(
         lambda batches: index_batches(batches, settings.ngram_size, settings.min_ngram_size),
         spark_schema(INDEX_SCHEMA),
     )
-    first = F.min(F.struct("set_order", "check", "width"))
+    first = F.min(F.struct("set_order", "check", "width", "prefix"))
     index = (
         rows.groupBy("hash")
         .agg(first.alias("first"))
-        .select("hash", "first.check", "first.set_order", "first.width")
+        .select("hash", "first.check", "first.set_order", "first.width", "first.prefix")
     )
     collected = index.limit(settings.broadcast_max_ngrams + 1).collect()
     if len(collected) <= settings.broadcast_max_ngrams:
@@ -345,11 +345,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         if collected is not None:
             widths = sorted({int(r["width"]) for r in collected})
             shared = spark.sparkContext.broadcast(
-                NgramIndex.from_rows(
-                    [r["hash"] for r in collected],
-                    [r["check"] for r in collected],
-                    [r["set_order"] for r in collected],
-                    widths,
+                NgramIndex.from_columns(
+                    {
+                        name: [r[name] for r in collected]
+                        for name in ("check", "set_order", "width", "prefix")
+                    },
+                    settings.min_ngram_size,
                 )
             )
             body_input, path = docs, "broadcast"

@@ -26,7 +26,13 @@ import pyarrow as pa
 from pipeline.dedup.minhash import U64, mix64, normalize_for_dedup, shingle_hashes
 
 INDEX_SCHEMA = pa.schema(
-    [("hash", pa.int64()), ("check", pa.int64()), ("set_order", pa.int32()), ("width", pa.int32())]
+    [
+        ("hash", pa.int64()),
+        ("check", pa.int64()),
+        ("set_order", pa.int32()),
+        ("width", pa.int32()),
+        ("prefix", pa.int64()),  # the shingle hash of the n-gram's first min_ngram_size words
+    ]
 )
 
 
@@ -69,7 +75,9 @@ def item_ngram_rows(
 ) -> tuple[pa.RecordBatch, list[int]]:
     """INDEX_SCHEMA rows for every n-gram of every item, and per item how many it gave (0: too short)."""
     shingled = shingle(texts, ngram_size)
-    hashes, checks, orders, widths, per_item = [], [], [], [], []
+    # The n-gram starting at word i begins with the min_ngram_size-gram starting there: its prefix.
+    prefixes = shingle(texts, min_ngram_size, shingled.normalized)
+    hashes, checks, orders, widths, prefix, per_item = [], [], [], [], [], []
     for item in range(len(texts)):
         words = shingled.words(item)
         if len(words) < min_ngram_size:
@@ -77,18 +85,21 @@ def item_ngram_rows(
             continue
         width = min(ngram_size, len(words))
         lo, hi = int(shingled.offsets[item]), int(shingled.offsets[item + 1])
+        first_prefix = int(prefixes.offsets[item])
         per_item.append(hi - lo)
         for local in range(hi - lo):
             hashes.append(int(shingled.hashes[lo + local]))
             checks.append(check_hash(" ".join(words[local : local + width])))
             orders.append(set_orders[item])
             widths.append(width)
+            prefix.append(int(prefixes.hashes[first_prefix + local]))
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(hashes, pa.int64()),
             pa.array(checks, pa.int64()),
             pa.array(orders, pa.int32()),
             pa.array(widths, pa.int32()),
+            pa.array(prefix, pa.int64()),
         ],
         schema=INDEX_SCHEMA,
     )
@@ -105,49 +116,57 @@ class Match:
 
 @dataclass
 class NgramIndex:
-    """The evaluation n-grams, sorted by hash; broadcast to the workers whole."""
+    """The evaluation n-grams, broadcast to the workers whole.
 
-    hashes: np.ndarray  # int64, sorted, unique
-    checks: np.ndarray
-    set_orders: np.ndarray
+    Matching hashes each document's ``prefix_size``-grams once (every indexed n-gram, whatever its width,
+    starts with one), keeps the positions whose hash is an indexed prefix, and confirms each candidate by the
+    BLAKE2b of the candidate n-gram's text, looked up among the index's checks: one hashing pass per
+    document, whatever the widths, and no false match."""
+
+    prefixes: np.ndarray  # int64, sorted, unique
+    checks: np.ndarray  # int64, sorted
+    set_orders: np.ndarray  # aligned with checks
     widths: tuple[int, ...]
+    prefix_size: int
 
     @classmethod
-    def from_rows(cls, hashes, checks, set_orders, widths) -> NgramIndex:
-        hashes = np.asarray(hashes, dtype=np.int64)
-        order = np.argsort(hashes, kind="stable")
+    def from_columns(cls, columns: dict[str, Sequence], prefix_size: int) -> NgramIndex:
+        """From INDEX_SCHEMA columns (``item_ngram_rows(...).to_pydict()``, or the rows collected in Spark)."""
+        checks = np.asarray(columns["check"], dtype=np.int64)
+        order = np.argsort(checks, kind="stable")
         return cls(
-            hashes[order],
-            np.asarray(checks, dtype=np.int64)[order],
-            np.asarray(set_orders, dtype=np.int32)[order],
-            tuple(sorted({int(w) for w in widths})),
+            np.unique(np.asarray(columns["prefix"], dtype=np.int64)),
+            checks[order],
+            np.asarray(columns["set_order"], dtype=np.int32)[order],
+            tuple(sorted({int(w) for w in columns["width"]}, reverse=True)),
+            prefix_size,
         )
 
     def __len__(self) -> int:
-        return len(self.hashes)
+        return len(self.checks)
 
     def matches(self, texts: Sequence[str | None]) -> list[list[Match]]:
-        """Every verified match in every text, in word order."""
+        """Every confirmed match in every text, in word order."""
         found: list[list[Match]] = [[] for _ in texts]
-        if not len(self.hashes):
+        if not len(self.checks):
             return found
-        normalized = normalize_for_dedup(pa.array(list(texts), pa.string()))
-        for width in self.widths:
-            shingled = shingle(texts, width, normalized)
-            position = np.searchsorted(self.hashes, shingled.hashes)
-            position = np.minimum(position, len(self.hashes) - 1)
-            hits = np.flatnonzero(self.hashes[position] == shingled.hashes)
-            if not hits.size:
+        shingled = shingle(texts, self.prefix_size)
+        position = np.minimum(np.searchsorted(self.prefixes, shingled.hashes), len(self.prefixes) - 1)
+        candidates = np.flatnonzero(self.prefixes[position] == shingled.hashes)
+        owner = np.searchsorted(shingled.offsets, candidates, side="right") - 1
+        for candidate, doc in zip(candidates.tolist(), owner.tolist(), strict=True):
+            local = candidate - int(shingled.offsets[doc])
+            words = shingled.words(doc)
+            if len(words) < self.prefix_size:  # one shingle of all its words: shorter than any n-gram
                 continue
-            owner = np.searchsorted(shingled.offsets, hits, side="right") - 1
-            for hit, doc in zip(hits.tolist(), owner.tolist(), strict=True):
-                local = hit - int(shingled.offsets[doc])
-                ngram = shingled.ngram(doc, local)
-                entry = int(position[hit])
-                if check_hash(ngram) == int(self.checks[entry]):
-                    found[doc].append(
-                        Match(local, min(width, len(shingled.words(doc))), int(self.set_orders[entry]), ngram)
-                    )
+            for width in self.widths:
+                if local + width > len(words):
+                    continue
+                ngram = " ".join(words[local : local + width])
+                check = check_hash(ngram)
+                entry = int(np.searchsorted(self.checks, check))
+                if entry < len(self.checks) and int(self.checks[entry]) == check:
+                    found[doc].append(Match(local, width, int(self.set_orders[entry]), ngram))
         for matches in found:
             matches.sort(key=lambda m: (m.start, m.width))
         return found

@@ -201,7 +201,7 @@ def test_cut_mode_keeps_the_rest_of_each_document(world):
     )
     rows, _ = item_ngram_rows(items, [0] * len(items), 13, 8)
     columns = rows.to_pydict()
-    index = NgramIndex.from_rows(columns["hash"], columns["check"], columns["set_order"], columns["width"])
+    index = NgramIndex.from_columns(columns, 8)
     assert not any(index.matches([kept[doc_id]["text"] for doc_id in world["expected"]]))
 
 

@@ -22,7 +22,7 @@ ITEMS = [
 def index_of(items: list[str], n: int = 13, min_n: int = 8) -> NgramIndex:
     rows, _ = item_ngram_rows(items, [0] * len(items), n, min_n)
     columns = rows.to_pydict()
-    return NgramIndex.from_rows(columns["hash"], columns["check"], columns["set_order"], columns["width"])
+    return NgramIndex.from_columns(columns, min_n)
 
 
 def disguise(text: str, rng: random.Random) -> str:
