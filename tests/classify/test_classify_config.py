@@ -99,3 +99,21 @@ def test_batch_scores_equal_single_predictions(small_model):
     for text, score in zip(texts, scores, strict=True):
         labels, probabilities = model.predict(dclm(text), k=-1)
         assert score == float(probabilities[list(labels).index("__label__hq")])
+
+
+def test_train_classifier_without_examples_fails_with_one_line(tmp_path, capsys):
+    from pipeline.classify.training.__main__ import main
+    from pipeline.entrypoint import run_cli
+
+    argv = [
+        "--snapshot",
+        "m1",
+        "--set",
+        f"project.data_root={tmp_path}",
+        "--set",
+        "tracking.stage_runs=false",
+    ]
+    assert run_cli(main, argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: classifier: give positives and negatives (reference text against a corpus sample), or labelled"
+    )
