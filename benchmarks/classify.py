@@ -89,12 +89,13 @@ def corpus(count: int, seed: int) -> tuple[list[dict], list[str], list[str]]:
 # --- the plain loops ---------------------------------------------------------------------------------------
 
 
-def fasttext_loop(files: list[str], model_path: str) -> tuple[float, dict[str, float]]:
-    """One core's share: read the files, load the model, predict every document (DCLM's preprocessing)."""
+def fasttext_loop(files: list[str], model_path: str) -> tuple[float, dict[str, float], float]:
+    """One core's share: read the files, load the model, predict every document (DCLM's preprocessing);
+    (wall seconds, scores, CPU seconds)."""
     import fasttext
     import pyarrow.parquet as pq
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     model = fasttext.load_model(model_path)
     scores = {}
     for file in files:
@@ -104,7 +105,7 @@ def fasttext_loop(files: list[str], model_path: str) -> tuple[float, dict[str, f
         ):
             labels, probabilities = model.predict(" ".join(text.strip().splitlines()), k=-1)
             scores[doc_id] = float(probabilities[list(labels).index("__label__hq")])
-    return time.perf_counter() - started, scores
+    return time.perf_counter() - started, scores, time.process_time() - cpu
 
 
 _WORD = re.compile(r"[^\W_]+")
@@ -114,7 +115,7 @@ def plain_words(text: str) -> list[str]:
     return _WORD.findall(unicodedata.normalize("NFKC", text).lower())
 
 
-def decontamination_reference(files: list[str], items: list[str]) -> tuple[float, float, set[str]]:
+def decontamination_reference(files: list[str], items: list[str]) -> tuple[float, float, set[str], float]:
     """One process: the items' 13-grams in a set of tuples, each document's 13-grams looked up; (seconds to
     build the index, seconds to read and look up every document, the documents flagged)."""
     import pyarrow.parquet as pq
@@ -125,7 +126,7 @@ def decontamination_reference(files: list[str], items: list[str]) -> tuple[float
         words = plain_words(item)
         index.update(tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1))
     built = time.perf_counter() - started
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     flagged = set()
     for file in files:
         table = pq.read_table(file, columns=["id", "text"])
@@ -135,10 +136,26 @@ def decontamination_reference(files: list[str], items: list[str]) -> tuple[float
             words = plain_words(text)
             if any(tuple(words[i : i + NGRAM]) in index for i in range(len(words) - NGRAM + 1)):
                 flagged.add(doc_id)
-    return built, time.perf_counter() - started, flagged
+    return built, time.perf_counter() - started, flagged, time.process_time() - cpu
 
 
-def spark_matching_pass(spark, files: list[str], items: list[str]) -> tuple[float, set[str]]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds so far of this process and every live descendant: the Spark driver, its JVM (local mode)
+    and the Python workers the JVM forked. On a shared machine this is the stable figure."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def spark_matching_pass(spark, files: list[str], items: list[str]) -> tuple[float, set[str], float]:
     """The decontaminate stage's matching pass alone, like for like with the reference's lookup: the same
     index broadcast, the same files read, every document's n-grams looked up (``NgramIndex.matches``, what
     the stage's pass calls), the ids of the contaminated ones back in the driver."""
@@ -161,10 +178,10 @@ def spark_matching_pass(spark, files: list[str], items: list[str]) -> tuple[floa
                 {"id": [i for i, m in zip(ids, found, strict=True) if m]}, schema=schema
             )
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), tree_cpu_seconds()
     docs = spark.read.parquet(*files).select("id", "text")
     flagged = {row["id"] for row in map_in_arrow(docs, flagged_ids, "id string").collect()}
-    return time.perf_counter() - started, flagged
+    return time.perf_counter() - started, flagged, tree_cpu_seconds() - cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             results = pool.starmap(fasttext_loop, [(half, model_path) for half in halves])
             loop_wall = time.perf_counter() - started
-        loop_seconds = max(seconds for seconds, _ in results)  # each process's own time, start-up excluded
-        loop_scores = {k: v for _, scores in results for k, v in scores.items()}
+        loop_seconds = max(seconds for seconds, _, _ in results)  # each process's own time, start-up excluded
+        loop_cpu = sum(cpu for _, _, cpu in results)
+        loop_scores = {k: v for _, scores, _ in results for k, v in scores.items()}
         # The scoring pass alone, like for like with the loops: read the same files, score every document,
         # return (id, score). The workers' model is already loaded (the loops load theirs inside their time).
         from pipeline.classify.job import score
@@ -272,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             .read.parquet(str(source.path / "documents"))
             .select("id", "text", "lang")
         )
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), tree_cpu_seconds()
         scored_rows = score(docs, [model], {}).select("id", "score_wiki").collect()
-        pass_seconds = time.perf_counter() - started
+        pass_seconds, pass_cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
         out = DatasetRef.of(classify_config, "classify", SNAPSHOT).path
         spark_scores = {}
         for name in ("documents", "excluded"):
@@ -290,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             f"excluded/ written) {spark_seconds:.1f} s ({count / spark_seconds:,.0f} docs/s); "
             f"fastText predict loop x{WORKERS} processes {loop_seconds:.1f} s "
             f"({count / loop_seconds:,.0f} docs/s; {loop_wall:.1f} s with process start); identical scores "
-            f"{same}/{len(loop_scores)}",
+            f"{same}/{len(loop_scores)}; CPU seconds: scoring pass {pass_cpu:.1f} (driver, JVM and workers), "
+            f"loops {loop_cpu:.1f}",
             flush=True,
         )
 
@@ -303,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             decont_config, [source], DatasetRef.of(decont_config, "decontaminate", SNAPSHOT)
         )
         decont_seconds = time.perf_counter() - started
-        reference_build, reference_seconds, flagged = decontamination_reference(parquet_files, items)
-        match_seconds, matched = spark_matching_pass(
+        reference_build, reference_seconds, flagged, reference_cpu = decontamination_reference(
+            parquet_files, items
+        )
+        match_seconds, matched, match_cpu = spark_matching_pass(
             spark_session(config, "bench-classify"), parquet_files, items
         )
         ours = set(
@@ -321,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             f"index built in Spark, documents matched, documents/ and excluded/ written) {decont_seconds:.1f} s "
             f"({count / decont_seconds:,.0f} docs/s); plain Python set lookup {reference_seconds:.1f} s "
             f"({count / reference_seconds:,.0f} docs/s; its index {reference_build:.2f} s); flagged {len(ours)} "
-            f"(matching pass {len(matched)}) vs {len(flagged)}, in both {len(ours & flagged)}",
+            f"(matching pass {len(matched)}) vs {len(flagged)}, in both {len(ours & flagged)}; CPU seconds: "
+            f"matching pass {match_cpu:.1f} (driver, JVM and workers), reference {reference_cpu:.1f}",
             flush=True,
         )
         load_after = os.getloadavg()
@@ -335,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
             "docs_per_s_ratio_vs_fasttext_loop": round(loop_seconds / pass_seconds, 3),
             "stage_docs_per_s_ratio_vs_fasttext_loop": round(loop_seconds / spark_seconds, 3),
             "scores_identical": same == len(loop_scores) == count,
+            "docs_per_cpu_s_ratio_vs_fasttext_loop": round(loop_cpu / pass_cpu, 3),
             "decontam_matching_pass_docs_per_s": round(count / match_seconds, 1),
             "decontaminate_stage_docs_per_s": round(count / decont_seconds, 1),
             "reference_docs_per_s": round(count / reference_seconds, 1),
             "decontam_docs_per_s_ratio_vs_reference": round(reference_seconds / match_seconds, 3),
             "decontam_stage_docs_per_s_ratio_vs_reference": round(reference_seconds / decont_seconds, 3),
+            "decontam_docs_per_cpu_s_ratio_vs_reference": round(reference_cpu / match_cpu, 3),
             "decontam_flagged": len(ours),
             "decontam_reference_flagged": len(flagged),
             "decontam_agreement": len(ours & flagged) / max(1, len(ours | flagged)),
