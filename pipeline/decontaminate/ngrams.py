@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.dedup.minhash import U64, mix64, normalize_for_dedup, shingle_hashes
 
@@ -63,9 +64,29 @@ class Shingled:
         return " ".join(self.words(doc)[local : local + self.width])
 
 
+_ASCII_NOT_WORD = r"[^a-z0-9]+"
+
+
+def normalize_words(texts: Sequence[str | None]) -> pa.Array:
+    """``normalize_for_dedup`` of each text, faster where a text is ASCII: there NFKC changes nothing and no
+    character is CJK, so lower case and one RE2 pass give the same words (held to it by a property test)."""
+    texts = [text or "" for text in texts]
+    plain = [row for row, text in enumerate(texts) if text.isascii()]
+    if not plain:
+        return normalize_for_dedup(pa.array(texts, pa.string()))
+    lowered = pa.array([texts[row].lower() for row in plain], pa.large_string())
+    fast = pc.utf8_trim(pc.replace_substring_regex(lowered, _ASCII_NOT_WORD, " "), " ")
+    if len(plain) == len(texts):
+        return fast
+    other = [row for row, text in enumerate(texts) if not text.isascii()]
+    slow = normalize_for_dedup(pa.array([texts[row] for row in other], pa.string())).cast(pa.large_string())
+    back = np.argsort(np.array(plain + other, dtype=np.int64), kind="stable")
+    return pa.concat_arrays([fast.cast(pa.large_string()), slow]).take(pa.array(back))
+
+
 def shingle(texts: Sequence[str | None], width: int, normalized: pa.Array | None = None) -> Shingled:
     if normalized is None:
-        normalized = normalize_for_dedup(pa.array(list(texts), pa.string()))
+        normalized = normalize_words(texts)
     found = shingle_hashes(normalized, np.full(len(normalized), width, dtype=np.int64))
     return Shingled(normalized, found.hashes.view(np.int64), found.offsets, width)
 
@@ -209,7 +230,7 @@ def candidate_rows(
 ) -> dict[str, list]:
     """For the join path: (id, start, width, hash, check, ngram) of every n-gram the Bloom filter may hold."""
     rows: dict[str, list] = {"id": [], "start": [], "width": [], "hash": [], "check": [], "ngram": []}
-    normalized = normalize_for_dedup(pa.array(list(texts), pa.string()))
+    normalized = normalize_words(texts)
     for width in widths:
         shingled = shingle(texts, width, normalized)
         hits = np.flatnonzero(bloom.may_contain(shingled.hashes))

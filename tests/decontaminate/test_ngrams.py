@@ -115,7 +115,7 @@ def test_the_bloom_filter_never_misses_a_key():
     assert bloom.may_contain(others).mean() < 0.02
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.lists(st.sampled_from(VOCABULARY), min_size=0, max_size=40), min_size=1, max_size=8),
     st.lists(st.lists(st.sampled_from(VOCABULARY[:12]), min_size=3, max_size=14), min_size=1, max_size=3),
@@ -135,3 +135,19 @@ def test_matching_agrees_with_a_brute_force_reference(documents, items, n, rng):
     index = index_of(item_texts, n, min_n)
     grams = reference.item_ngrams(item_texts, n, min_n)
     assert [bool(m) for m in index.matches(texts)] == [reference.contaminated(t, grams) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.text(max_size=60), st.text(alphabet="aZ 09,.-'\n\tÉé東京", max_size=60), st.none()),
+        max_size=12,
+    )
+)
+def test_the_ascii_fast_path_normalises_exactly_as_dedup_does(texts):
+    import pyarrow as pa
+
+    from pipeline.decontaminate.ngrams import normalize_words
+    from pipeline.dedup.minhash import normalize_for_dedup
+
+    assert normalize_words(texts).to_pylist() == normalize_for_dedup(pa.array(texts, pa.string())).to_pylist()
