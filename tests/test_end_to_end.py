@@ -38,11 +38,19 @@ def test_corpus_crawl_then_pretrain_end_to_end(airflow_db, tmp_path):
     assert crawl.counters["fetched"] >= 15
     assert clean.rows["documents"] >= 10
     assert 0 < dedup.rows["documents"] <= clean.rows["documents"]
-    assert [i["stage"] for i in tokenize.inputs] == ["dedup"]  # tokenize reads the deduplicated documents
+    # tokenize reads the deduplicated, classified and decontaminated documents
+    assert [i["stage"] for i in tokenize.inputs] == ["decontaminate"]
     assert tokenize.counters["tokens"]["train"] > 1000
     assert crawl.extra["shards"] and crawl.inputs[0]["stage"] == "crawl-shards"  # mapped shards, then merge
+    # Nothing configured: classify and decontaminate pass dedup's documents through, the same files.
+    classify, decontaminate = (
+        DatasetRef.of(config, s, "e2e").manifest() for s in ("classify", "decontaminate")
+    )
+    assert classify.rows["documents"] == decontaminate.rows["documents"] == dedup.rows["documents"]
+    documents = {k: v.sha256 for k, v in dedup.files.items() if k.startswith("documents/")}
+    assert {k: v.sha256 for k, v in decontaminate.files.items() if k.startswith("documents/")} == documents
     quality = DatasetRef.of(config, "quality", "e2e").manifest()
-    assert quality.inputs[0]["digest"] == dedup.digest
+    assert quality.inputs[0]["digest"] == decontaminate.digest
     # Lineage reaches manifests written under spark-submit too.
     assert clean.lineage == {
         "dag_id": "corpus_crawl",

@@ -71,6 +71,8 @@ def test_the_registry_refuses_a_stage_that_reads_one_declared_after_it():
 
 def test_downstream_follows_reads_transitively():
     assert [entry.name for entry in downstream("dedup")] == [
+        "classify",
+        "decontaminate",
         "quality",
         "tokenize",
         "train",
@@ -109,8 +111,9 @@ def manifest_inputs(config, name, snapshot):
 
 @pytest.mark.slow
 def test_stages_run_by_hand_in_readme_order_read_the_deduplicated_documents(sample_corpus, tmp_path, capsys):
-    """README: clean; dedup; quality; tokenize. Quality and tokenize must read dedup's output, not clean's
-    (they used to default to clean's, so a corpus was tokenized without deduplication, silently)."""
+    """README: clean; dedup; classify; decontaminate; quality; tokenize. Quality and tokenize must read the
+    filtered, deduplicated documents, not clean's (they used to default to clean's, so a corpus was tokenized
+    without deduplication, silently)."""
     fixture_config, fixture_snapshot = sample_corpus
     root = tmp_path / "data"
     for name in ("crawl", "clean"):
@@ -125,11 +128,13 @@ def test_stages_run_by_hand_in_readme_order_read_the_deduplicated_documents(samp
         "--set",
         "logging.console=false",
     ]
-    for name in ("dedup", "quality", "tokenize"):
+    for name in ("dedup", "classify", "decontaminate", "quality", "tokenize"):
         assert main([name, *argv]) == 0, name
     dedup = DatasetRef.of(config, "dedup", fixture_snapshot)
-    assert manifest_inputs(config, "quality", fixture_snapshot) == [("dedup", str(dedup.path))]
-    assert manifest_inputs(config, "tokenize", fixture_snapshot) == [("dedup", str(dedup.path))]
+    filtered = DatasetRef.of(config, "decontaminate", fixture_snapshot)
+    assert manifest_inputs(config, "classify", fixture_snapshot) == [("dedup", str(dedup.path))]
+    assert manifest_inputs(config, "quality", fixture_snapshot) == [("decontaminate", str(filtered.path))]
+    assert manifest_inputs(config, "tokenize", fixture_snapshot) == [("decontaminate", str(filtered.path))]
     tokens = DatasetRef.of(config, "tokenize", fixture_snapshot).manifest().rows
     kept = dedup.manifest().rows["documents"]
     assert tokens["train_documents"] + tokens["validation_documents"] == kept

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pipeline.clean.url_filter import UrlFilterConfig
 from pipeline.core.config import Section
 
 
@@ -141,6 +142,11 @@ class CleanConfig(Section):
         description="per language, filter fields that replace the defaults above: {zh: {c4: {...}}}",
     )
     pii: PiiConfig = Field(default_factory=PiiConfig)
+    url_filter: UrlFilterConfig = Field(
+        default_factory=UrlFilterConfig,
+        description="URL blocklists (UT1 layout or plain), banned and soft-banned URL words, allow-lists; "
+        "checked before a page is extracted (none ship: name your lists)",
+    )
 
     @model_validator(mode="before")
     @classmethod
