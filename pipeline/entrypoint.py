@@ -16,15 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import ConfigError
 from pipeline.core.locks import OutputBusyError, OutputLock
 from pipeline.core.logs import setup_logging
 from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, validate_snapshot
+from pipeline.stages import STAGES
 from pipeline.stages import stage as registered_stage
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,8 +56,13 @@ def add_input_stage_argument(parser: argparse.ArgumentParser, stage: str) -> Non
     """``--input-stage`` for a stage that reads one other stage, defaulting to the registry's."""
     default = registered_stage(stage).default_input
     if default is not None:
+        # A registered stage's name only: the value becomes a folder under the data root.
         parser.add_argument(
-            "--input-stage", default=default, help=f"stage whose output to read (default: {default})"
+            "--input-stage",
+            default=default,
+            choices=[entry.name for entry in STAGES if entry.name != stage],
+            metavar="STAGE",
+            help=f"stage whose output to read (default: {default})",
         )
 
 

@@ -72,6 +72,26 @@ def validate_snapshot(snapshot: str) -> str:
     return snapshot
 
 
+def validate_name(name: str, what: str) -> str:
+    """A corpus or stage name: one plain path component (the stage registry checks stages by name)."""
+    if not isinstance(name, str) or not SNAPSHOT_PATTERN.fullmatch(name):
+        raise ConfigError(f"{what} {name!r} must match {SNAPSHOT_PATTERN.pattern}")
+    return name
+
+
+def path_under(root: str | Path, *names: str) -> Path:
+    """``root/names...``, refused (ConfigError) when ``..`` or an absolute name leads outside ``root``.
+
+    Checked on the absolute, normalised path. Symbolic links are not followed on purpose: a data root may
+    hold a stage folder that is a link to another disk, which is the user's choice, not a name's doing.
+    """
+    base = Path(os.path.abspath(root))
+    path = Path(os.path.abspath(base.joinpath(*names)))
+    if path != base and base not in path.parents:
+        raise ConfigError(f"{'/'.join(names)!r} leads outside {base} (to {path})")
+    return path
+
+
 def validate_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not SNAPSHOT_PATTERN.fullmatch(run_id) or run_id == LATEST:
         raise ConfigError(
@@ -92,6 +112,8 @@ class DatasetRef:
     run: str | None = None  # per-run stages (train, report): <stage>/<snapshot>/<run>/
 
     def __post_init__(self) -> None:
+        validate_name(self.corpus, "corpus")
+        validate_name(self.stage, "stage")
         validate_snapshot(self.snapshot)
         if self.run is not None:
             validate_run_id(self.run)
@@ -108,7 +130,7 @@ class DatasetRef:
 
     @property
     def snapshot_path(self) -> Path:
-        return local_path(self.root) / self.corpus / self.stage / self.snapshot
+        return path_under(local_path(self.root), self.corpus, self.stage, self.snapshot)
 
     @property
     def path(self) -> Path:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import ConfigError
 from pipeline.core.logs import quiet_libraries
 from pipeline.core.storage import local_path
@@ -430,7 +431,7 @@ def start_background_shipper(config: PipelineConfig) -> BackgroundShipper | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pretrain ship-logs",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -26,7 +26,7 @@ from typing import Any
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
-from pipeline.core.storage import DatasetRef, local_path
+from pipeline.core.storage import DatasetRef, local_path, path_under
 from pipeline.stages import BY_NAME
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,9 @@ def ensure_experiment(client, config: PipelineConfig) -> str:
     artifact_root = None
     if tracking_uri(config).startswith("sqlite:"):
         # Without a server, keep artifacts beside the SQLite store rather than in ./mlruns of whatever cwd.
-        artifact_root = (local_path(config.project.data_root) / "mlartifacts" / name).as_uri()
+        # tracking.experiment is free text: it names a folder here only once it is one plain name.
+        folder = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".") or "_"
+        artifact_root = path_under(local_path(config.project.data_root), "mlartifacts", folder).as_uri()
     try:
         return client.create_experiment(name, artifact_location=artifact_root)
     except MlflowException:
