@@ -20,6 +20,8 @@ from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import ConfigError
 from pipeline.core.locks import OutputBusyError, OutputLock
 from pipeline.core.logs import setup_logging
+from pipeline.core.manifest import DamagedInputError
+from pipeline.core.spark import input_read_errors
 from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, validate_snapshot
 from pipeline.stages import STAGES
 from pipeline.stages import stage as registered_stage
@@ -146,7 +148,7 @@ def stage_main(
         # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
         from pipeline.tracking.mlflow_runs import track_stage
 
-        with track_stage(config, stage, snapshot, inputs) as tracking:
+        with track_stage(config, stage, snapshot, inputs) as tracking, input_read_errors(inputs):
             manifest = run(config, inputs, output)
             tracking.record(manifest)
     print(manifest.path)
@@ -159,7 +161,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         code = main(argv)
         sys.stdout.flush()  # a reader that went away (`pretrain config | head`) shows here, not at exit
         return code
-    except (ConfigError, MissingInputError, StageFailure, OutputBusyError) as exc:
+    except (ConfigError, MissingInputError, StageFailure, OutputBusyError, DamagedInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -9,8 +9,19 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-SUCCESS_NAME = "_SUCCESS"
+SUCCESS_NAME = "_SUCCESS"  # holds the sha256 of manifest.json: the two were published together
 MANIFEST_VERSION = 1
+
+
+class DamagedInputError(ValueError):
+    """A file a stage reads does not parse, or does not match the size or digest its producer recorded.
+
+    Reading it again gives the same bytes, so no restart can fix it: the failure is never retried
+    (``not_retried``, see pipeline.train.failures) and the CLI prints it as one line, naming the file, what
+    was expected and what was found, and the stage to re-run.
+    """
+
+    not_retried = True
 
 
 @dataclass
@@ -67,7 +78,16 @@ class Manifest:
 
     @classmethod
     def read(cls, path: str | Path) -> Manifest:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.parse(Path(path).read_bytes(), path)
+
+    @classmethod
+    def parse(cls, data: bytes, path: str | Path) -> Manifest:
+        """The manifest in ``data`` (read from ``path``); DamagedInputError naming the file when it is not one."""
+        try:
+            return cls.from_dict(json.loads(data.decode("utf-8")))
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise DamagedInputError(f"{path} is not a readable manifest ({reason})") from None
 
     def input_ref(self) -> dict[str, Any]:
         """How a downstream manifest refers to this one."""
@@ -80,6 +100,53 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def success_marker(manifest_json: bytes) -> str:
+    """What ``_SUCCESS`` holds for this manifest.json: its sha256, so a reader can tell the manifest it finds
+    is the one that was published (not cut short, not edited)."""
+    return f"sha256:{hashlib.sha256(manifest_json).hexdigest()}\n"
+
+
+def write_published(folder: Path, manifest: Manifest) -> None:
+    """``manifest.json``, then ``_SUCCESS`` holding its digest: the last two files of a published output."""
+    data = manifest.to_json().encode("utf-8")
+    (folder / MANIFEST_NAME).write_bytes(data)
+    (folder / SUCCESS_NAME).write_text(success_marker(data))
+
+
+def read_published(folder: Path) -> Manifest:
+    """``folder``'s manifest, checked against its ``_SUCCESS``; DamagedInputError naming the file otherwise.
+
+    An empty ``_SUCCESS`` was written before it held the digest: only the parse is checked then.
+    """
+    path = folder / MANIFEST_NAME
+    data = path.read_bytes()
+    marker = (folder / SUCCESS_NAME).read_text(encoding="utf-8", errors="replace").strip()
+    if marker:
+        actual = success_marker(data).strip()
+        if marker != actual:
+            raise DamagedInputError(
+                f"{path} does not match its {SUCCESS_NAME} (expected {marker}, found {actual}): the manifest "
+                "changed after it was published"
+            )
+    return Manifest.parse(data, path)
+
+
+def verify_files(folder: Path, manifest: Manifest, checksums: bool = False) -> None:
+    """Every file the manifest lists is in ``folder`` with its recorded size (and sha256 when ``checksums``);
+    DamagedInputError naming the first that is not. Sizes cost a stat per file, so they are always checked."""
+    for relative, entry in manifest.files.items():
+        path = folder / relative
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DamagedInputError(f"{path} is missing (its manifest lists {entry.bytes} bytes)") from None
+        if size != entry.bytes or (checksums and sha256_file(path) != entry.sha256):
+            raise DamagedInputError(
+                f"{path} was changed after it was published: expected {entry.bytes} bytes, sha256 "
+                f"{entry.sha256}; found {size} bytes, sha256 {sha256_file(path)}"
+            )
 
 
 def checksum_tree(folder: Path) -> dict[str, FileEntry]:

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.config import CoreConfig
+from pipeline.core.manifest import DamagedInputError
+
+if TYPE_CHECKING:
+    from pipeline.core.storage import DatasetRef
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# A path in a Spark or Hadoop message: "file:/x/y.parquet", "file:///x/y.parquet" or "/x/y.parquet".
+_PATH_IN_MESSAGE = re.compile(r"(?:file:(?://)?)?(/[^\s'\",;\]\[()]+)")
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +156,45 @@ def _write_empty(target, arrow_schema) -> None:
     import pyarrow.parquet as pq
 
     pq.ParquetWriter(target, arrow_schema, compression="zstd").close()
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    return any(type(e).__module__.startswith(("pyspark", "py4j")) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+@contextlib.contextmanager
+def input_read_errors(inputs: Sequence[DatasetRef]) -> Iterator[None]:
+    """A Spark job that fails reading a file of one of ``inputs`` is re-raised as one DamagedInputError
+    whose first line names the file and the stage to re-run, instead of hundreds of lines of task errors
+    with the file somewhere in the middle. Other failures pass through unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        text = "\n".join(str(e) for e in _chain(exc))
+        folders = [(ref, str(ref.path) + "/") for ref in inputs]
+        for match in _PATH_IN_MESSAGE.finditer(text):
+            path = match.group(1).rstrip(".:")
+            for ref, folder in folders:
+                if path.startswith(folder):
+                    reason = _first_reason(text)
+                    raise DamagedInputError(
+                        f"{path} (part of {ref.what}) cannot be read: {reason}; {ref.rerun_hint}"
+                    ) from exc
+        raise
+
+
+def _first_reason(text: str) -> str:
+    """The most telling line of a Spark failure: the innermost Java or Python exception message."""
+    causes = re.findall(r"(?:Caused by: |^)([A-Za-z_.$]+(?:Exception|Error)[^\n]*)", text, re.MULTILINE)
+    line = causes[-1] if causes else text.strip().splitlines()[0]
+    return " ".join(line.split())[:300]

@@ -35,7 +35,16 @@ from typing import Any
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.locks import OutputLock, lock_path
-from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree
+from pipeline.core.manifest import (
+    MANIFEST_NAME,
+    SUCCESS_NAME,
+    DamagedInputError,
+    Manifest,
+    checksum_tree,
+    read_published,
+    verify_files,
+    write_published,
+)
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 STAGING_PREFIX = ".staging-"
@@ -157,17 +166,36 @@ class DatasetRef:
         return (self.path / SUCCESS_NAME).is_file() and (self.path / MANIFEST_NAME).is_file()
 
     def manifest(self) -> Manifest:
-        self.require()
-        return Manifest.read(self.path / MANIFEST_NAME)
+        """The published manifest, checked against its ``_SUCCESS`` (DamagedInputError otherwise)."""
+        self._require_complete()
+        try:
+            return read_published(self.path)
+        except DamagedInputError as exc:
+            raise DamagedInputError(f"{exc}; {self.rerun_hint}") from None
 
-    def require(self) -> DatasetRef:
+    def require(self, checksums: bool = False) -> DatasetRef:
+        """This output, complete and as published: its manifest matches ``_SUCCESS`` and every file it lists
+        has its recorded size (and sha256, with ``checksums``). MissingInputError or DamagedInputError."""
+        manifest = self.manifest()
+        try:
+            verify_files(self.path, manifest, checksums)
+        except DamagedInputError as exc:
+            raise DamagedInputError(f"{exc}; {self.rerun_hint}") from None
+        return self
+
+    def _require_complete(self) -> None:
         if not self.is_complete():
             run = f" run {self.run!r}" if self.run else ""
             raise MissingInputError(
                 f"no complete {self.stage} output for snapshot {self.snapshot!r}{run} at {self.path}; "
                 f"run `pretrain {self.stage} --snapshot {self.snapshot}` first"
             )
-        return self
+
+    @property
+    def rerun_hint(self) -> str:
+        """What to do about a damaged output: make it again."""
+        run = f" --set train.run_id={self.run}" if self.run else ""
+        return f"re-run the stage that wrote it: `pretrain {self.stage} --snapshot {self.snapshot}{run}`"
 
     @property
     def what(self) -> str:
@@ -255,8 +283,7 @@ class StageOutput:
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             duration_s=round(time.monotonic() - self._started, 3),
         )
-        (self.path / MANIFEST_NAME).write_text(manifest.to_json())
-        (self.path / SUCCESS_NAME).write_text("")
+        write_published(self.path, manifest)
         if self.ref.run is None:
             publish(self.path, self.ref.path)
         else:

@@ -16,7 +16,7 @@ import pytest
 from operators.tasks import corpus_stages
 from operators.training import CONFIG_FILE
 from pipeline.config import load_config
-from pipeline.core.manifest import MANIFEST_NAME, Manifest
+from pipeline.core.manifest import MANIFEST_NAME, Manifest, write_published
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage as crawl_stage
 from tests.conftest import make_config
@@ -54,7 +54,7 @@ def publish_copy(config, snapshot, stage, root, new_snapshot):
     shutil.copytree(DatasetRef.of(config, stage, snapshot).path, target)
     manifest = Manifest.read(target / MANIFEST_NAME)
     manifest.snapshot, manifest.path = new_snapshot, str(target)
-    (target / MANIFEST_NAME).write_text(manifest.to_json())
+    write_published(target, manifest)
 
 
 def config_of(airflow):
