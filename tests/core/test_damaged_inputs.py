@@ -30,10 +30,10 @@ def clean_copy(sample_corpus, tmp_path) -> tuple[Path, Path]:
 
 
 def dedup(root: Path) -> subprocess.CompletedProcess:
+    settings = [f"project.data_root={root}", "logging.console=false", "tracking.stage_runs=false"]
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "dedup", "--snapshot", SNAPSHOT]
-        + ["--set", f"project.data_root={root}", "--set", "logging.console=false"]
-        + ["--set", "tracking.stage_runs=false", "--set", "spark.master=local[1]"],
+        + [argument for setting in settings for argument in ("--set", setting)],
         capture_output=True,
         text=True,
         timeout=600,
