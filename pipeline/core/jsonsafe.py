@@ -15,7 +15,10 @@ from typing import Any
 
 MAX_JSON_DEPTH = 64  # deeper than any log line or document record needs
 
-_STRING = {str: re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL), bytes: re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)}
+_STRING = {
+    str: re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL),
+    bytes: re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL),
+}
 _BRACKET = {str: re.compile(r"[\[\]{}]"), bytes: re.compile(rb"[\[\]{}]")}
 _OPENING = {"[", "{", ord("["), ord("{"), b"[", b"{"}
 
