@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,10 @@ from typing import Any
 MANIFEST_NAME = "manifest.json"
 SUCCESS_NAME = "_SUCCESS"  # holds the sha256 of manifest.json: the two were published together
 MANIFEST_VERSION = 1
+# How a stage's tracking (pipeline.tracking.mlflow_runs) tells the output it publishes, also in the
+# torchrun ranks it starts, which MLflow run records it, or why none does.
+ENV_TRACKING_RUN = "PRETRAIN_MLFLOW_RUN_ID"
+ENV_TRACKING_ERROR = "PRETRAIN_MLFLOW_ERROR"
 
 
 class DamagedInputError(ValueError):
@@ -49,6 +55,8 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     duration_s: float = 0.0
+    tracking: dict[str, Any] = field(default_factory=dict)
+    """The MLflow run recording this output ({"mlflow_run_id": ...}), or why none does ({"error": ...})."""
     version: int = MANIFEST_VERSION
 
     @property
@@ -100,6 +108,13 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def tracking_state(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What this process's environment says about the stage's MLflow run, for the manifest."""
+    env = os.environ if environ is None else environ
+    state = {"mlflow_run_id": env.get(ENV_TRACKING_RUN), "error": env.get(ENV_TRACKING_ERROR)}
+    return {key: value for key, value in state.items() if value}
 
 
 def success_marker(manifest_json: bytes) -> str:

@@ -42,6 +42,7 @@ from pipeline.core.manifest import (
     Manifest,
     checksum_tree,
     read_published,
+    tracking_state,
     verify_files,
     write_published,
 )
@@ -282,6 +283,7 @@ class StageOutput:
             extra=dict(extra or {}),
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             duration_s=round(time.monotonic() - self._started, 3),
+            tracking=tracking_state(),
         )
         write_published(self.path, manifest)
         if self.ref.run is None:
