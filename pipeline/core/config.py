@@ -99,6 +99,12 @@ class LoggingConfig(Section):
         None, description="ship ECS logs here (default: $ELASTICSEARCH_URL); credentials only from env"
     )
     data_stream: str = Field("logs-pretrain-default", pattern=r"^logs-pretrain-[a-z0-9][a-z0-9_.]*$")
+    elasticsearch_setup: Literal["full", "template", "none"] = Field(
+        "full",
+        description="what ship-logs installs on first use: full (ILM policy, index template, data stream), "
+        "template (the index template only: a server without ILM and data streams), none (installed "
+        "elsewhere, e.g. docker/observability/elasticsearch)",
+    )
     ship_in_process: bool = Field(False, description="each process also ships logs in a background thread")
     ship_interval_s: float = Field(5.0, gt=0)
     spool_max_bytes: int = Field(

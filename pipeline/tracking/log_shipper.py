@@ -272,7 +272,10 @@ class LogShipper:
                 "no Elasticsearch URL: set logging.elasticsearch_url, $ELASTICSEARCH_URL or pass --url"
             )
         sink = ElasticsearchSink.from_env(
-            url, data_stream or config.logging.data_stream, retention=config.logging.retention, **sink_options
+            url,
+            data_stream or config.logging.data_stream,
+            retention=config.logging.retention,
+            **{"setup": config.logging.elasticsearch_setup, **sink_options},
         )
         return cls(local_path(config.project.data_root), sink, spool_max_bytes=config.logging.spool_max_bytes)
 

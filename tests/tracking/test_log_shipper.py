@@ -32,29 +32,50 @@ from pipeline.tracking import log_shipper
 from pipeline.tracking.es_index import ILM_POLICY, INDEX_TEMPLATE, ElasticsearchSink
 from pipeline.tracking.log_shipper import LogShipper, Spool
 from tests.tracking.es_protocol import FakeElasticsearch, FaultProxy
+from tests.tracking.third_party_es import SETUP as THIRD_PARTY_SETUP
+from tests.tracking.third_party_es import NoidaElasticsearch
 
 REAL_CLUSTER = os.environ.get("ELASTICSEARCH_URL")
 
 
-@pytest.fixture(scope="module")
-def upstream():
-    if REAL_CLUSTER:
-        yield REAL_CLUSTER
+SERVERS = ["cluster"] if REAL_CLUSTER else ["protocol", pytest.param("noida-db", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def upstream(request):
+    """(URL, logging.elasticsearch_setup): the real cluster of ``make es-test``; else every test runs twice,
+    against the protocol stand-in and against noida-db, a server someone else wrote (third_party_es)."""
+    if request.param == "cluster":
+        yield REAL_CLUSTER, "full"
+    elif request.param == "noida-db":
+        with NoidaElasticsearch() as server:
+            yield server.url, THIRD_PARTY_SETUP
     else:
         with FakeElasticsearch() as fake:
-            yield fake.url
+            yield fake.url, "full"
 
 
 @pytest.fixture(scope="module")
 def proxy(upstream):
-    with FaultProxy(upstream, seed=7) as fault_proxy:
+    url, setup = upstream
+    with FaultProxy(url, seed=7) as fault_proxy:
+        fault_proxy.setup = setup  # what the shipper installs on first use on this server
         yield fault_proxy
+
+
+def needs_data_streams(proxy) -> None:
+    if proxy.setup != "full":
+        pytest.skip("ILM and data streams: covered by the protocol tests only (third_party_es.py)")
+
+
+def setup_args(proxy) -> list[str]:
+    return ["--set", f"logging.elasticsearch_setup={proxy.setup}"]
 
 
 @pytest.fixture(scope="module")
 def reader(upstream):
     """A direct client (no proxy) to read back what arrived."""
-    return ElasticsearchSink.from_env(upstream, "unused").client
+    return ElasticsearchSink.from_env(upstream[0], "unused").client
 
 
 @pytest.fixture
@@ -62,7 +83,13 @@ def data_stream(reader, proxy):
     name = f"logs-pretrain-t{uuid.uuid4().hex[:12]}"
     proxy.set_plan([])
     yield name
-    reader.options(ignore_status=404).indices.delete_data_stream(name=name)
+    forget(reader, name)
+
+
+def forget(reader, name: str) -> None:
+    """Delete a test's data stream (or, on a server without data streams, its index)."""
+    reader.options(ignore_status=(400, 404)).indices.delete_data_stream(name=name)
+    reader.options(ignore_status=(400, 404)).indices.delete(index=name)
 
 
 def stored(reader: Elasticsearch, data_stream: str) -> list[dict]:
@@ -75,6 +102,7 @@ def stored(reader: Elasticsearch, data_stream: str) -> list[dict]:
 
 def sink_for(proxy: FaultProxy, data_stream: str, url: str | None = None, **options) -> ElasticsearchSink:
     options = {"transport_retries": 0, "bulk_retries": 1, "initial_backoff": 0.0, "chunk_size": 7, **options}
+    options.setdefault("setup", proxy.setup)
     return ElasticsearchSink.from_env(url or proxy.url, data_stream, **options)
 
 
@@ -157,6 +185,7 @@ def test_ships_every_line_once_and_a_restart_sends_nothing_again(tmp_path, proxy
 
 
 def test_first_use_creates_ilm_policy_index_template_and_data_stream(tmp_path, proxy, reader, data_stream):
+    needs_data_streams(proxy)
     writer = LogWriter(tmp_path)
     writer.write(0, ["hello"])
     LogShipper(tmp_path, sink_for(proxy, data_stream, retention="12d")).ship_once()
@@ -260,7 +289,7 @@ def test_random_outages_lose_and_duplicate_nothing(proxy, reader, script, spool_
         for offsets in first_seen.values():
             assert offsets == sorted(offsets)
     finally:
-        reader.options(ignore_status=404).indices.delete_data_stream(name=data_stream)
+        forget(reader, data_stream)
 
 
 def test_a_server_that_is_not_elasticsearch_is_named_and_lines_wait(tmp_path, proxy, reader, data_stream):
@@ -344,6 +373,7 @@ def test_cli_quarantines_a_rejected_line_and_exits_nonzero(tmp_path, proxy, read
         handle.write(json.dumps(bad).encode() + b"\n")
     writer.write(0, ["good two"])
     common = ["--url", proxy.url, "--data-stream", data_stream, "--set", f"project.data_root={tmp_path}"]
+    common += setup_args(proxy)
     result = run_cli(*common, "--json")
     assert result.returncode == 1, result.stderr
     stats = json.loads(result.stdout.strip().splitlines()[-1])
@@ -405,6 +435,7 @@ def test_cli_follow_ships_new_lines_until_interrupted(tmp_path, proxy, reader, d
             data_stream,
             "--set",
             f"project.data_root={tmp_path}",
+            *setup_args(proxy),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -435,6 +466,7 @@ def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, dat
         f"logging.data_stream={data_stream}",
         "logging.ship_in_process=true",
         "logging.ship_interval_s=0.1",
+        f"logging.elasticsearch_setup={proxy.setup}",
     )
     start_logging(config, "shipper-test")
     background = log_shipper._background
@@ -659,4 +691,4 @@ def test_fuzz_no_line_stops_the_shipper_and_every_line_is_accounted_for(proxy, r
         assert len(stored(reader, data_stream)) == delivered
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        reader.options(ignore_status=404).indices.delete_data_stream(name=data_stream)
+        forget(reader, data_stream)
