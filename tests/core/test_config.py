@@ -247,3 +247,14 @@ def test_a_data_root_below_a_regular_file_is_one_error(tmp_path: Path):
         load_config(overrides=[f"project.data_root={tmp_path / 'file' / 'data'}"], environ={})
     with pytest.raises(ConfigError, match="is a file"):
         load_config(overrides=[f"project.data_root={tmp_path / 'file'}"], environ={})
+
+
+def test_urls_from_the_environment_are_recorded_without_their_userinfo():
+    """Credentials may come from the environment ($MLFLOW_TRACKING_URI, $ELASTICSEARCH_URL); logs, the
+    report's manifest and mlflow_run.json show those URLs through redact_url."""
+    from pipeline.core.config import redact_url
+
+    assert redact_url("https://elastic:s3cret@logs.example:9200/x") == "https://***@logs.example:9200/x"
+    assert redact_url("https://token@mlflow.example/") == "https://***@mlflow.example/"
+    assert redact_url("sqlite:////data/mlflow.db") == "sqlite:////data/mlflow.db"
+    assert redact_url("http://a.example/p?next=x@y") == "http://a.example/p?next=x@y"
