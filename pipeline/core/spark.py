@@ -182,14 +182,18 @@ def input_read_errors(inputs: Sequence[DatasetRef]) -> Iterator[None]:
             raise
         text = "\n".join(str(e) for e in _chain(exc))
         folders = [(ref, str(ref.path) + "/") for ref in inputs]
-        for match in _PATH_IN_MESSAGE.finditer(text):
-            path = match.group(1).rstrip(".:")
-            for ref, folder in folders:
-                if path.startswith(folder):
-                    reason = _first_reason(text)
-                    raise DamagedInputError(
-                        f"{path} (part of {ref.what}) cannot be read: {reason}; {ref.rerun_hint}"
-                    ) from exc
+        named = [
+            (path, ref)
+            for match in _PATH_IN_MESSAGE.finditer(text)
+            for ref, folder in folders
+            if (path := match.group(1).rstrip(".:")).startswith(folder)
+        ]
+        # A file beats a folder (a query plan's "Location: [.../documents]" may come first).
+        named.sort(key=lambda item: not Path(item[0]).is_file())
+        for path, ref in named[:1]:
+            raise DamagedInputError(
+                f"{path} (part of {ref.what}) cannot be read: {_first_reason(text)}; {ref.rerun_hint}"
+            ) from exc
         raise
 
 
