@@ -47,9 +47,10 @@ def error_line(result: subprocess.CompletedProcess, spark_ran: bool = False) -> 
     if not spark_ran:
         assert "Traceback" not in result.stderr, result.stderr[-5000:]
     assert "pipeline/cli.py" not in result.stderr, result.stderr[-5000:]  # an uncaught exception's frames
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: "), result.stderr[-5000:]
-    return last
+    # Spark's JVM may still log a line or two after it (a task killed as the job ends): find the error line.
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-5000:]
+    return errors[0]
 
 
 def parquet_part(folder: Path) -> Path:
