@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from pipeline.core.arguments import ArgumentParser
 from pipeline.stages import STAGES
 
 # Commands that are not stages: subcommand -> (module with main(argv), one-line help)
@@ -44,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pretrain",
         description="From raw web pages to a trained language model. The stages, in order, each read the "
         "outputs named in [reads ...] and write <data_root>/<corpus>/<stage>/<snapshot>/.",

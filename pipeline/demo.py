@@ -6,7 +6,6 @@ no server has to be started. Prints where the results are when it finishes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import load_config
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
@@ -47,7 +47,7 @@ def airflow_executable() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pretrain demo", description=__doc__)
+    parser = ArgumentParser(prog="pretrain demo", description=__doc__)
     parser.add_argument("--snapshot", default="demo", help="snapshot name (default: demo)")
     parser.add_argument("--config", "-c", default="", help="config YAML (default: built-in defaults)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

@@ -14,14 +14,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.locks import OutputLock
 from pipeline.core.logs import setup_logging
+from pipeline.core.spark import input_read_errors
 from pipeline.core.storage import DatasetRef, validate_snapshot
+from pipeline.stages import STAGES
 from pipeline.stages import stage as registered_stage
 
 
 def stage_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -51,8 +54,13 @@ def add_input_stage_argument(parser: argparse.ArgumentParser, stage: str) -> Non
     """``--input-stage`` for a stage that reads one other stage, defaulting to the registry's."""
     default = registered_stage(stage).default_input
     if default is not None:
+        # A registered stage's name only: the value becomes a folder under the data root.
         parser.add_argument(
-            "--input-stage", default=default, help=f"stage whose output to read (default: {default})"
+            "--input-stage",
+            default=default,
+            choices=[entry.name for entry in STAGES if entry.name != stage],
+            metavar="STAGE",
+            help=f"stage whose output to read (default: {default})",
         )
 
 
@@ -136,7 +144,7 @@ def stage_main(
         # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
         from pipeline.tracking.mlflow_runs import track_stage
 
-        with track_stage(config, stage, snapshot, inputs) as tracking:
+        with track_stage(config, stage, snapshot, inputs) as tracking, input_read_errors(inputs):
             manifest = run(config, inputs, output)
             tracking.record(manifest)
     print(manifest.path)

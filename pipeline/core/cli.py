@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from pipeline.core.config import ConfigError
 from pipeline.core.locks import OutputBusyError
+from pipeline.core.manifest import DamagedInputError
 from pipeline.core.storage import MissingInputError, StageFailure
 
 
@@ -18,7 +19,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
         code = main(argv)
         sys.stdout.flush()  # a reader that went away (`pretrain config | head`) shows here, not at exit
         return code
-    except (ConfigError, MissingInputError, StageFailure, OutputBusyError) as exc:
+    except (ConfigError, MissingInputError, StageFailure, OutputBusyError, DamagedInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -57,7 +59,25 @@ class ProjectConfig(Section):
         # Resolved once, where the config is loaded, so child processes started elsewhere agree on it.
         if "://" in data_root:
             return data_root
-        return str(Path(data_root).expanduser().resolve())
+        root = Path(data_root).expanduser().resolve()
+        if problem := _data_root_problem(root):
+            raise ValueError(problem)
+        return str(root)
+
+
+# Kernel interfaces, not storage: writing a dataset there fails deep inside a stage, or worse, succeeds.
+VIRTUAL_FILESYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def _data_root_problem(root: Path) -> str | None:
+    """Why ``root`` (absolute, resolved) cannot hold a data root, or None. It need not exist yet."""
+    for virtual in VIRTUAL_FILESYSTEMS:
+        if root == virtual or virtual in root.parents:
+            return f"{root} is inside {virtual}, a kernel interface, not a place to store data"
+    existing = next((folder for folder in (root, *root.parents) if folder.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{root} cannot be a folder: {existing} is a file"
+    return None
 
 
 class SparkConfig(Section):
@@ -79,6 +99,12 @@ class LoggingConfig(Section):
         None, description="ship ECS logs here (default: $ELASTICSEARCH_URL); credentials only from env"
     )
     data_stream: str = Field("logs-pretrain-default", pattern=r"^logs-pretrain-[a-z0-9][a-z0-9_.]*$")
+    elasticsearch_setup: Literal["full", "template", "none"] = Field(
+        "full",
+        description="what ship-logs installs on first use: full (ILM policy, index template, data stream), "
+        "template (the index template only: a server without ILM and data streams), none (installed "
+        "elsewhere, e.g. docker/observability/elasticsearch)",
+    )
     ship_in_process: bool = Field(False, description="each process also ships logs in a background thread")
     ship_interval_s: float = Field(5.0, gt=0)
     spool_max_bytes: int = Field(
@@ -178,27 +204,123 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
                 )
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader without anchors and aliases: a few hundred bytes of nested aliases (a "billion laughs"
-    document) expand to billions of nodes once something walks the tree. No config needs them."""
+# Deeper than any config needs (section.key plus a free-form mapping or two), and far below the depth at
+# which PyYAML's recursive composer (or a walk of the tree) runs out of stack: a document nested a few
+# thousand levels deep used to end in a RecursionError traceback of ~3,000 lines.
+MAX_CONFIG_DEPTH = 32
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader for config text: no anchors and aliases (a few hundred bytes of nested aliases, a "billion
+    laughs" document, expand to billions of nodes once something walks the tree; no config needs them), at
+    most MAX_CONFIG_DEPTH levels of nesting, and no key twice in one mapping (silently, the last one won)."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._path: list[str] = []  # the keys (and [indices]) down to the node being composed
+        self._mapping_paths: dict[int, list[str]] = {}  # id(mapping node) -> its path, for errors
 
     def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
             raise ConfigError(f"YAML aliases (*name) are not accepted in config (line {mark.line + 1})")
-        return super().compose_node(parent, index)
+        if isinstance(index, yaml.ScalarNode):
+            self._path.append(str(index.value))
+        elif isinstance(index, int):
+            self._path.append(f"[{index}]")
+        else:
+            self._path.append("")  # a document root, or a key being composed
+        try:
+            if len(self._path) > MAX_CONFIG_DEPTH + 1:
+                where = _shown_path(self._path)
+                raise ConfigError(
+                    f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep (line {mark.line + 1}); "
+                    "no setting needs that"
+                )
+            node = super().compose_node(parent, index)
+            if isinstance(node, yaml.MappingNode):
+                self._mapping_paths[id(node)] = list(self._path)
+            return node
+        finally:
+            self._path.pop()
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise ConfigError(
+                        f"{_shown_path([*self._mapping_paths.get(id(node), []), str(key)])}: duplicate key {key!r} at line "
+                        f"{seen[key]} and line {line}; keep one"
+                    )
+                seen[key] = line
+            except TypeError:  # an unhashable key: SafeConstructor names it below
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def _shown_path(path: list[str]) -> str:
+    keys = [part for part in path if part]
+    text = ".".join(keys).replace(".[", "[") or "the top level"
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(keys)} levels)"
 
 
 def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_NoAliasLoader)
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
-def _parse_scalar(text: str) -> Any:
+def _parse_scalar(text: str, key: str, source: str) -> Any:
     """`--set train.steps=10` gives an int, `=[a, b]` a list, `=null` None: YAML scalar rules."""
     try:
         return _load_yaml(text)
     except yaml.YAMLError:
         return text
+    except ConfigError as exc:  # too deep, an alias, a duplicate key: name the setting it was meant for
+        raise ConfigError(f"{key} (from {source}): {exc}") from None
+
+
+# scheme://user:password@host: the userinfo part of a URL
+URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its userinfo (``https://user:secret@host`` -> ``https://***@host``), for messages."""
+    return URL_USERINFO.sub(lambda match: match.group(0).split("://", 1)[0] + "://***@", url)
+
+
+def _check_values(tree: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """What no section type can check in free-form values (``model.overrides``, ``spark.extra_conf``) as
+    well as in typed ones: every number finite, and no credentials inside a URL (the config is recorded in
+    manifests, MLflow params and artifacts and logs; credentials come from the environment only)."""
+    stack: list[tuple[str, Any]] = [(key, value) for key, value in tree.items()]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend((f"{key}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{key}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: {value} is not a finite number{_from(key, sources)}")
+        elif isinstance(value, str) and URL_USERINFO.match(value):
+            raise ConfigError(
+                f"{key}: {redact_url(value)} carries credentials (user:password@) inside the URL"
+                f"{_from(key, sources)}; the config is recorded in manifests, MLflow and logs, so credentials "
+                "come from the environment only (e.g. ELASTICSEARCH_USERNAME/ELASTICSEARCH_PASSWORD, "
+                "ELASTICSEARCH_API_KEY, MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)"
+            )
+
+
+def _from(key: str, sources: Mapping[str, str]) -> str:
+    """`` (from --set)``: where the setting at ``key`` (or the section above it) came from."""
+    while key:
+        if key in sources:
+            return f" (from {sources[key]})"
+        key = key.rpartition(".")[0]
+    return ""
 
 
 MAX_SHOWN_CHARS = 200  # an error echoes at most this much of a bad value
@@ -215,8 +337,8 @@ def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {pair!r} must look like section.key=value")
-        parsed.append((key.strip(), _parse_scalar(raw)))
+            raise ConfigError(f"override {_shown(pair)} must look like section.key=value")
+        parsed.append((key.strip(), _parse_scalar(raw, key.strip(), "--set")))
     return parsed
 
 
@@ -225,7 +347,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     for name, raw in sorted(environ.items()):
         if name.startswith(ENV_PREFIX):
             dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            pairs.append((dotted, _parse_scalar(raw)))
+            pairs.append((dotted, _parse_scalar(raw, dotted, f"env {name}")))
     return pairs
 
 
@@ -240,6 +362,8 @@ def _format_validation_error(error: ValidationError) -> str:
         lines.append(f"{key}: {message}{suffix}")
     if len(errors) > MAX_SHOWN_ERRORS:
         lines.append(f"... and {len(errors) - MAX_SHOWN_ERRORS} more")
+    if len(lines) == 1:  # the common case, one line like every other refusal
+        return f"invalid config: {lines[0]}"
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
@@ -254,6 +378,8 @@ def _read_yaml_file(path: Path) -> dict[str, Any]:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    except ConfigError as exc:  # nested too deep, an alias, a duplicate key
+        raise ConfigError(f"config file {path}: {exc}") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return loaded
@@ -270,16 +396,21 @@ def load_tree(
     Callers want ``pipeline.config.load_config``, which passes the whole pipeline's tree.
     """
     tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}  # dotted key -> where its value came from, for errors
     if path is not None:
         path = Path(path)
         for dotted, value in flatten(_read_yaml_file(path)).items():
             _set_dotted(tree, schema, dotted, value, source=str(path))
+            sources[dotted] = str(path)
     environ = os.environ if environ is None else environ
     for dotted, value in env_overrides(environ):
         source = f"env {ENV_PREFIX}{dotted.upper().replace('.', '__')}"
         _set_dotted(tree, schema, dotted, value, source=source)
+        sources[dotted] = source
     for dotted, value in parse_overrides(overrides):
         _set_dotted(tree, schema, dotted, value, source="--set")
+        sources[dotted] = "--set"
+    _check_values(tree, sources)
     try:
         return schema.model_validate(tree)
     except ValidationError as exc:

@@ -10,18 +10,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.config import CoreConfig
+from pipeline.core.manifest import DamagedInputError
+
+if TYPE_CHECKING:
+    from pipeline.core.storage import DatasetRef
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# A path in a Spark or Hadoop message: "file:/x/y.parquet", "file:///x/y.parquet" or "/x/y.parquet".
+_PATH_IN_MESSAGE = re.compile(r"(?:file:(?://)?)?(/[^\s'\",;\]\[()]+)")
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +233,49 @@ def _write_empty(target, arrow_schema) -> None:
     import pyarrow.parquet as pq
 
     pq.ParquetWriter(target, arrow_schema, compression="zstd").close()
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    return any(type(e).__module__.startswith(("pyspark", "py4j")) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+@contextlib.contextmanager
+def input_read_errors(inputs: Sequence[DatasetRef]) -> Iterator[None]:
+    """A Spark job that fails reading a file of one of ``inputs`` is re-raised as one DamagedInputError
+    whose first line names the file and the stage to re-run, instead of hundreds of lines of task errors
+    with the file somewhere in the middle. Other failures pass through unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        text = "\n".join(str(e) for e in _chain(exc))
+        folders = [(ref, str(ref.path) + "/") for ref in inputs]
+        named = [
+            (path, ref)
+            for match in _PATH_IN_MESSAGE.finditer(text)
+            for ref, folder in folders
+            if (path := match.group(1).rstrip(".:")).startswith(folder)
+        ]
+        # A file beats a folder (a query plan's "Location: [.../documents]" may come first).
+        named.sort(key=lambda item: not Path(item[0]).is_file())
+        for path, ref in named[:1]:
+            raise DamagedInputError(
+                f"{path} (part of {ref.what}) cannot be read: {_first_reason(text)}; {ref.rerun_hint}"
+            ) from exc
+        raise
+
+
+def _first_reason(text: str) -> str:
+    """The most telling line of a Spark failure: the innermost Java or Python exception message."""
+    causes = re.findall(r"(?:Caused by: |^)([A-Za-z_.$]+(?:Exception|Error)[^\n]*)", text, re.MULTILINE)
+    line = causes[-1] if causes else text.strip().splitlines()[0]
+    return " ".join(line.split())[:300]

@@ -12,7 +12,6 @@ machine; a production cluster is started by its own deployment (docs/scaling-out
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import json
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.proc import kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +193,7 @@ def standalone_cluster(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m pipeline.core.spark_cluster",
         description="Start a Spark standalone master and workers on 127.0.0.1 until Ctrl-C (make spark-cluster).",
     )

@@ -35,7 +35,17 @@ from typing import Any
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.locks import OutputLock, lock_path
-from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree, sha256_file
+from pipeline.core.manifest import (
+    MANIFEST_NAME,
+    SUCCESS_NAME,
+    DamagedInputError,
+    Manifest,
+    checksum_tree,
+    read_published,
+    tracking_state,
+    verify_files,
+    write_published,
+)
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 STAGING_PREFIX = ".staging-"
@@ -51,13 +61,6 @@ class MissingInputError(FileNotFoundError):
 class StageFailure(RuntimeError):
     """A stage ran and its result cannot be published (for example a crawl that stored no page); the
     message says why and what to change. The CLI prints it as one line."""
-
-
-class DamagedOutputError(StageFailure):
-    """A published output's file no longer matches the digest its manifest recorded (changed on disk, cut
-    short, tampered with). No retry can fix it."""
-
-    not_retried = True
 
 
 def local_path(root: str) -> Path:
@@ -77,6 +80,26 @@ def validate_snapshot(snapshot: str) -> str:
             f"snapshot {snapshot!r} must match {SNAPSHOT_PATTERN.pattern} (e.g. 2026-11-29 or demo)"
         )
     return snapshot
+
+
+def validate_name(name: str, what: str) -> str:
+    """A corpus or stage name: one plain path component (the stage registry checks stages by name)."""
+    if not isinstance(name, str) or not SNAPSHOT_PATTERN.fullmatch(name):
+        raise ConfigError(f"{what} {name!r} must match {SNAPSHOT_PATTERN.pattern}")
+    return name
+
+
+def path_under(root: str | Path, *names: str) -> Path:
+    """``root/names...``, refused (ConfigError) when ``..`` or an absolute name leads outside ``root``.
+
+    Checked on the absolute, normalised path. Symbolic links are not followed on purpose: a data root may
+    hold a stage folder that is a link to another disk, which is the user's choice, not a name's doing.
+    """
+    base = Path(os.path.abspath(root))
+    path = Path(os.path.abspath(base.joinpath(*names)))
+    if path != base and base not in path.parents:
+        raise ConfigError(f"{'/'.join(names)!r} leads outside {base} (to {path})")
+    return path
 
 
 def validate_run_id(run_id: str) -> str:
@@ -99,6 +122,8 @@ class DatasetRef:
     run: str | None = None  # per-run stages (train, report): <stage>/<snapshot>/<run>/
 
     def __post_init__(self) -> None:
+        validate_name(self.corpus, "corpus")
+        validate_name(self.stage, "stage")
         validate_snapshot(self.snapshot)
         if self.run is not None:
             validate_run_id(self.run)
@@ -115,7 +140,7 @@ class DatasetRef:
 
     @property
     def snapshot_path(self) -> Path:
-        return local_path(self.root) / self.corpus / self.stage / self.snapshot
+        return path_under(local_path(self.root), self.corpus, self.stage, self.snapshot)
 
     @property
     def path(self) -> Path:
@@ -142,34 +167,44 @@ class DatasetRef:
         return (self.path / SUCCESS_NAME).is_file() and (self.path / MANIFEST_NAME).is_file()
 
     def manifest(self) -> Manifest:
-        self.require()
-        return Manifest.read(self.path / MANIFEST_NAME)
+        """The published manifest, checked against its ``_SUCCESS`` (DamagedInputError otherwise)."""
+        self._require_complete()
+        try:
+            return read_published(self.path)
+        except DamagedInputError as exc:
+            raise DamagedInputError(f"{exc}; {self.rerun_hint}") from None
 
-    def require(self) -> DatasetRef:
+    def require(self, checksums: bool = False) -> DatasetRef:
+        """This output, complete and as published: its manifest matches ``_SUCCESS`` and every file it lists
+        has its recorded size (and sha256, with ``checksums``). MissingInputError or DamagedInputError."""
+        manifest = self.manifest()
+        try:
+            verify_files(self.path, manifest, checksums)
+        except DamagedInputError as exc:
+            raise DamagedInputError(f"{exc}; {self.rerun_hint}") from None
+        return self
+
+    def _require_complete(self) -> None:
         if not self.is_complete():
             run = f" run {self.run!r}" if self.run else ""
             raise MissingInputError(
                 f"no complete {self.stage} output for snapshot {self.snapshot!r}{run} at {self.path}; "
                 f"run `pretrain {self.stage} --snapshot {self.snapshot}` first"
             )
-        return self
+
+    @property
+    def rerun_hint(self) -> str:
+        """What to do about a damaged output: make it again."""
+        run = f" --set train.run_id={self.run}" if self.run else ""
+        return f"re-run the stage that wrote it: `pretrain {self.stage} --snapshot {self.snapshot}{run}`"
 
     def verify(self, *names: str) -> DatasetRef:
         """Check the named files (paths relative to the output; none: every file) against the sha256 its
-        manifest recorded when it was written; raises ``DamagedOutputError`` naming the first that differs."""
-        recorded = self.manifest().files
-        for name in names or sorted(recorded):
-            entry = recorded.get(name)
-            if entry is None:
-                raise DamagedOutputError(f"{self.path / name}: not among the files {self.what} recorded")
-            path = self.path / name
-            actual = sha256_file(path) if path.is_file() else "missing"
-            if actual != entry.sha256:
-                raise DamagedOutputError(
-                    f"{path} does not match the {self.stage} manifest (sha256 {actual}, expected "
-                    f"{entry.sha256}): it changed after it was written; restore it, or make {self.what} "
-                    "again"
-                )
+        manifest recorded when it was written; DamagedInputError names the first that differs."""
+        try:
+            verify_files(self.path, self.manifest(), checksums=True, names=names or None)
+        except DamagedInputError as exc:
+            raise DamagedInputError(f"{exc}; {self.rerun_hint}") from None
         return self
 
     @property
@@ -258,9 +293,9 @@ class StageOutput:
             extra=dict(extra or {}),
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             duration_s=round(time.monotonic() - self._started, 3),
+            tracking=tracking_state(),
         )
-        (self.path / MANIFEST_NAME).write_text(manifest.to_json())
-        (self.path / SUCCESS_NAME).write_text("")
+        write_published(self.path, manifest)
         if self.ref.run is None:
             publish(self.path, self.ref.path)
         else:

@@ -31,6 +31,7 @@ from pipeline.crawl.urls import InvalidURL, canonical_url
 
 log = logging.getLogger(__name__)
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
 # Host names the resolver refused at connection time, so a DNS-shaped failure can be told apart.
 REFUSED_HOSTS: dict[str, str] = {}
 
@@ -94,8 +95,8 @@ class GuardedResolver(CachingThreadedResolver):
             settings.getdict("CRAWL_HOST_ADDRESSES"),
         )
 
-    def check(self, name: str, address: str) -> str:
-        category = self.policy.refusal(name, address)
+    def check(self, name: str, address: str, port: int | None = None) -> str:
+        category = self.policy.refusal(name, address, port)
         if category is not None:
             REFUSED_HOSTS[name] = f"{address} ({category})"
             raise AddressRefused(f"{name} resolves to {address}, a {category} address")
@@ -123,14 +124,18 @@ class AddressGuardMiddleware:
     async def process_request(self, request, spider=None) -> None:
         from twisted.internet import reactor
 
-        host = urlparse_cached(request).hostname
+        url = urlparse_cached(request)
+        host = url.hostname
         if not host:
             return
+        # The allow-list's ports are checked here, where the port is known (the resolver sees names only).
+        port = url.port or DEFAULT_PORTS.get(url.scheme)
         try:
             if is_ip_literal(host):  # checked as written: a resolver may not take IPv6 literals
-                reactor.resolver.check(host, host)
+                reactor.resolver.check(host, host, port)
             else:
-                await maybe_deferred_to_future(reactor.resolver.getHostByName(host))
+                address = await maybe_deferred_to_future(reactor.resolver.getHostByName(host))
+                reactor.resolver.check(host, address, port)
         except AddressRefused as exc:
             self.crawler.stats.inc_value("crawl/refused_private_address")
             raise CrawlRefusal(REFUSED_REASON, exc.args[0] if exc.args else str(exc)) from None

@@ -16,18 +16,49 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 REFUSED_REASON = "refused_private_address"
 
 
+Ports = frozenset[int] | None  # None: any port
+
+
+def _split_port(text: str, entry: str) -> tuple[str, int | None]:
+    """``host:port``, ``[v6]:port``, ``1.2.3.4:port``: (host, port); no port (or a bare IPv6): (text, None)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{entry!r}: expected [IPv6]:port")
+        port = rest[1:] or None
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, None
+    if port is None:
+        return host, None
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+    return host, int(port)
+
+
+def _add_port(ports: Ports, port: int | None) -> Ports:
+    """The ports allowed after one more entry: an entry without a port allows every port."""
+    return None if port is None or ports is None else ports | {port}
+
+
 def parse_allow_list(
     entries: list[str], allow_wide: bool = False
-) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
-    """Split allow-list entries into host names and networks (a bare IP is a /32 or /128 network).
+) -> tuple[dict[str, Ports], tuple[tuple[IPNetwork, Ports], ...]]:
+    """Split allow-list entries into host names and networks (a bare IP is a /32 or /128 network), each with
+    the ports it allows: ``host:8080``, ``127.0.0.1:8080`` or ``[::1]:8080`` allow that port only, an entry
+    without a port every port (a network takes no port).
 
     A network wider than WIDEST_ALLOWED_PREFIX is refused unless ``allow_wide``.
     """
-    names, networks = set(), []
+    names: dict[str, Ports] = {}
+    networks: dict[IPNetwork, Ports] = {}
     for entry in entries:
-        text = entry.strip().lower().strip("[]")
+        text = entry.strip().lower()
         if not text:
             raise ValueError("empty entry in crawl.allowed_private_hosts")
+        text, port = _split_port(text, entry)
+        text = text.strip("[]")
         try:
             network = ipaddress.ip_network(text, strict=False)
         except ValueError:
@@ -39,12 +70,15 @@ def parse_allow_list(
                     f"{entry!r} allows {network.num_addresses} addresses; name hosts or networks of at most "
                     f"/{widest}, or set crawl.allow_wide_private_networks=true to allow it on purpose"
                 )
-            networks.append(network)
+            if port is not None and network.num_addresses > 1:
+                raise ValueError(f"{entry!r}: a port goes with a host or an address, not a network")
+            networks[network] = _add_port(networks.get(network, frozenset()), port)
             continue
-        if "/" in text or " " in text:
+        if "/" in text or " " in text or not text:
             raise ValueError(f"{entry!r} is neither a host name, an IP address nor a CIDR network")
-        names.add(text.rstrip("."))
-    return frozenset(names), tuple(networks)
+        name = text.rstrip(".")
+        names[name] = _add_port(names.get(name, frozenset()), port)
+    return names, tuple(networks.items())
 
 
 NAT64_PREFIXES = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
@@ -89,16 +123,25 @@ class AddressPolicy:
     def __post_init__(self) -> None:
         self.allowed_names, self.allowed_networks = parse_allow_list(self.allowed, self.allow_wide)
 
-    def refusal(self, host: str, address: str) -> str | None:
-        """Why connecting to ``address`` (resolved from ``host``) is refused, or None when it is allowed."""
+    def refusal(self, host: str, address: str, port: int | None = None) -> str | None:
+        """Why connecting to ``address`` (resolved from ``host``) on ``port`` is refused, or None when it is
+        allowed. ``port`` None (the resolver, which sees no port) matches an entry for any port; the
+        request-time check passes the URL's port, so an allow-listed host's other ports stay refused."""
         host = host.lower().strip("[]").rstrip(".")
-        if host in self.allowed_names:
+        if host in self.allowed_names and _allows(self.allowed_names[host], port):
             return None
         ip = ipaddress.ip_address(address.strip("[]"))
         category = address_category(ip)
         if category is None:
             return None
         ip = embedded_ipv4(ip) or ip
-        if any(ip.version == net.version and ip in net for net in self.allowed_networks):
+        matching = [ports for net, ports in self.allowed_networks if ip.version == net.version and ip in net]
+        if any(_allows(ports, port) for ports in matching):
             return None
+        if matching or host in self.allowed_names:
+            return f"{category} (port {port} is not allow-listed)"
         return category
+
+
+def _allows(ports: Ports, port: int | None) -> bool:
+    return ports is None or port is None or port in ports

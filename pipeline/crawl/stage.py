@@ -38,8 +38,9 @@ SAMPLE_HOST = "127.0.0.1"
 LOCK_WAIT_S = 60.0  # an orphan of a killed stage dies with it (PDEATHSIG); give it time to go
 
 
-def spider_settings(config: PipelineConfig, sample_site: bool = False) -> dict[str, Any]:
-    """Scrapy settings from the config's crawl section."""
+def spider_settings(config: PipelineConfig, sample_site: str | None = None) -> dict[str, Any]:
+    """Scrapy settings from the config's crawl section; ``sample_site``: ``host:port`` of the bundled site
+    this crawl serves."""
     crawl = config.crawl
     settings = {
         "USER_AGENT": crawl.user_agent,
@@ -69,8 +70,9 @@ def spider_settings(config: PipelineConfig, sample_site: bool = False) -> dict[s
         "LOG_LEVEL": "DEBUG" if config.logging.level == "DEBUG" else "INFO",
     }
     if sample_site:
-        # Our own server on loopback: allow it, and skip delays meant to spare other people's servers.
-        settings["CRAWL_ALLOWED_PRIVATE_HOSTS"] = [*settings["CRAWL_ALLOWED_PRIVATE_HOSTS"], SAMPLE_HOST]
+        # Our own server on loopback: allow its port only, and skip delays meant to spare other people's
+        # servers. Another service on this machine stays refused.
+        settings["CRAWL_ALLOWED_PRIVATE_HOSTS"] = [*settings["CRAWL_ALLOWED_PRIVATE_HOSTS"], sample_site]
         settings.update(DOWNLOAD_DELAY=0.0, AUTOTHROTTLE_ENABLED=False)
     return settings
 
@@ -180,8 +182,10 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
         lock = ShardLock(job).acquire(wait_s=LOCK_WAIT_S)
         spec_path = job / SPEC_NAME
         previous = CrawlSpec.read(spec_path) if spec_path.exists() else None
+        sample_address = None  # host:port of the bundled site, the one private address this crawl may fetch
         if serve_sample:
             base_url = stack.enter_context(_sample_site(previous))
+            sample_address = base_url.split("://", 1)[1].rstrip("/")
             sample_seed = "/sitemap.xml" if config.crawl.spider == "sitemap" else "/index.html"
             seeds = [*seeds, base_url + sample_seed]
             log.info("serving the bundled sample site at %s for this crawl", base_url)
@@ -193,7 +197,7 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
             max_pages=config.crawl.max_pages,
             max_depth=config.crawl.max_depth,
             warc_max_bytes=config.crawl.warc_max_bytes,
-            settings=spider_settings(config, sample_site=serve_sample),
+            settings=spider_settings(config, sample_site=sample_address),
             parent_pid=os.getpid(),
         )
         if previous is not None:

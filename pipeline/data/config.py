@@ -20,3 +20,9 @@ class DataConfig(Section):
     max_tokens_per_batch: int | None = Field(
         None, gt=1, description="token_budget: padded tokens per rank batch; default batch_size * seq_len"
     )
+    verify_shards: bool = Field(
+        True,
+        description="before the first step, check every token shard against the tokenize manifest's sha256 "
+        "and its token ids against the vocabulary (reads the shards once); false skips it for corpora too "
+        "large to read twice, with a warning on every run",
+    )

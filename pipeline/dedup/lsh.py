@@ -11,11 +11,12 @@ pair comparison, while a false negative is a duplicate that stays in the corpus.
 
 from __future__ import annotations
 
-import argparse
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.core.arguments import ArgumentParser
 
 
 def collision_probability(similarity, bands: int, rows: int):
@@ -108,7 +109,7 @@ def plot_s_curve(bands: int, rows: int, threshold: float, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m pipeline.dedup.lsh",
         description="Show the LSH bands x rows chosen for a Jaccard threshold and the S-curve they give.",
     )

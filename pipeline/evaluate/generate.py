@@ -15,17 +15,48 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.core.arguments import number_in, text
 from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.entrypoint import resolve, stage_parser
+
+MIN_TEMPERATURE = 1e-6  # below it logits / temperature overflow to inf and the softmax is NaN
+
+
+def temperature(value: str) -> float:
+    """0 (greedy), or a finite temperature of at least MIN_TEMPERATURE."""
+    parsed = number_in(float, 0.0)(value)
+    if 0 < parsed < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"{value} is below {MIN_TEMPERATURE:g}, where sampling overflows; use 0 to decode greedily"
+        )
+    return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = stage_parser("pretrain generate", __doc__)
-    parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeatable)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default: 64)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 decodes greedily (default: 0.8)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep probability p")
+    # Every sampling argument is checked here, at parse time: one line and exit status 2 (a negative
+    # temperature, top_p 0 or 1.5 and top_k 0 used to end in tracebacks from inside the sampler).
+    parser.add_argument(
+        "--prompt", action="append", required=True, type=text, help="text to continue (repeatable)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=number_in(int, 1), default=64, help="new tokens at most (default: 64)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=temperature,
+        default=0.8,
+        help="0 decodes greedily; above 0 samples (default: 0.8)",
+    )
+    parser.add_argument(
+        "--top-k", type=number_in(int, 1), default=None, help="sample among the k most likely tokens (>= 1)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=number_in(float, 0.0, 1.0, low_open=True),
+        default=None,
+        help="nucleus sampling: keep the most likely tokens up to probability p, in (0, 1]",
+    )
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: project.seed)")
     parser.add_argument("--run", default=None, help="training run id (default: the latest complete run)")
     parser.add_argument(

@@ -60,7 +60,7 @@ class TrainedRun:
 
     def verify_checkpoint(self) -> None:
         """The final checkpoint's files (every pipeline shard's) against the digests the run's manifest
-        recorded when it was published; DamagedOutputError names the first that differs."""
+        recorded when it was published; DamagedInputError names the first that differs."""
         from pipeline.model.checkpoint import step_files
 
         self.ref.verify(*(file.relative_to(self.ref.path).as_posix() for file in step_files(self.checkpoint)))

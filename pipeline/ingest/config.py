@@ -43,3 +43,11 @@ class IngestConfig(Section):
     max_record_bytes: int = Field(
         10 * 1024 * 1024, gt=0, description="a larger record (WARC payload, JSONL line, text) is quarantined"
     )
+    max_json_depth: int = Field(
+        64, gt=0, le=512, description="a JSONL record nested deeper than this is quarantined (too_deep)"
+    )
+    follow_symlinks: bool = Field(
+        False,
+        description="read files reached through symbolic links that lead outside a source folder (default: "
+        "refuse them, counted in the manifest as refused_symlinks)",
+    )

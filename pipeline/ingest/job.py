@@ -31,7 +31,7 @@ from pipeline.ingest.readers import (
     checksum_batches,
     ingest_batches,
 )
-from pipeline.ingest.sources import SourceFile, list_sources, open_source
+from pipeline.ingest.sources import RefusedLink, SourceFile, list_sources, open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -141,10 +141,11 @@ def ingest_counters(rows: DataFrame) -> dict:
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     settings = config.ingest
     previous = None if settings.sources else stored_sources(output)
+    refused: list[RefusedLink] = []
     if previous is not None:
         files = [SourceFile(entry["path"], entry["format"], entry["bytes"]) for entry in previous]
     else:
-        files = list_sources(settings.sources, settings.format)
+        files = list_sources(settings.sources, settings.format, settings.follow_symlinks, refused)
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"ingest-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
@@ -204,6 +205,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             rows.unpersist()
         counters["source_files"] = len(sources)
         counters["unreadable_files"] = unreadable
+        # Files reached through links leading outside their source folder, not read (ingest.follow_symlinks).
+        counters["refused_symlinks"] = len(refused)
         log.info(
             "ingest: %d documents of %d records from %d files; quarantined %s",
             counters["documents"],
@@ -214,5 +217,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         return out.commit(
             rows={"documents": counters["documents"], "excluded": counters["excluded"]},
             counters=counters,
-            extra={"sources": sources, "replayed": previous is not None},
+            extra={
+                "sources": sources,
+                "replayed": previous is not None,
+                "refused_symlinks": [{"link": r.link, "target": r.target} for r in refused],
+            },
         )

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_page
 from pipeline.clean.normalize import normalize_text
+from pipeline.core.jsonsafe import JsonTooDeep, loads_bounded
 from pipeline.ingest.config import IngestConfig
 from pipeline.ingest.sources import open_source
 
@@ -155,6 +156,72 @@ def read_warc(
             yield _quarantined(source, number + 1, fmt, reason)
 
 
+DECODE_PIECE = 1 << 16  # bytes decoded at a time: what a compressed payload can cost beyond the limit
+
+
+class _BoundedDecoder:
+    """Content-Encoding (gzip, deflate, br) decoded a piece at a time, never more than DECODE_PIECE bytes out
+    of one call: warcio's own reader inflates a whole 16 kB input block at once, which a bomb turns into
+    megabytes (gzip) or gigabytes (brotli) per call."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.started = False
+        if encoding == "br":
+            import brotli
+
+            self._brotli = brotli.Decompressor()
+        else:
+            self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        if self.encoding == "br":
+            yield self._brotli.process(data, output_buffer_limit=DECODE_PIECE)
+            while not self._brotli.can_accept_more_data() and not self._brotli.is_finished():
+                yield self._brotli.process(b"", output_buffer_limit=DECODE_PIECE)
+            return
+        if self.encoding == "deflate" and not self.started:
+            try:  # zlib-wrapped as the RFC says, or raw deflate as some servers send it
+                zlib.decompressobj().decompress(data[:64])
+            except zlib.error:
+                self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+        self.started = True
+        yield self._zlib.decompress(data, DECODE_PIECE)
+        while self._zlib.unconsumed_tail and not self._zlib.eof:
+            yield self._zlib.decompress(self._zlib.unconsumed_tail, DECODE_PIECE)
+
+
+def decoded_payload(record, limit: int) -> bytes | None:
+    """The HTTP payload of a WARC record, de-chunked and decoded as its Content-Encoding says, or None as soon
+    as it passes ``limit`` bytes: memory stays bounded by the setting, whatever the record decodes to.
+
+    As warcio does, an encoding it does not know, or a payload that is not in fact encoded (the first
+    piece fails to decode), is read as it is."""
+    from warcio.bufferedreaders import ChunkedDataReader
+
+    headers = record.http_headers
+    encoding = (headers.get_header("Content-Encoding") or "").strip().lower() if headers else ""
+    stream = record.raw_stream
+    if headers and (headers.get_header("Transfer-Encoding") or "").lower() == "chunked":
+        stream = ChunkedDataReader(stream)
+    decoder = _BoundedDecoder(encoding) if encoding in ("gzip", "deflate", "br") else None
+    out = bytearray()
+    first = True
+    while data := stream.read(DECODE_PIECE):
+        try:
+            for piece in decoder.pieces(data) if decoder is not None else (data,):
+                out += piece  # one piece at a time: a bomb stops here at limit + DECODE_PIECE bytes
+                if len(out) > limit:
+                    return None
+        except Exception:
+            if not first or out:
+                raise
+            decoder = None  # not encoded after all: read as it is
+            out += data
+        first = False
+    return bytes(out) if len(out) <= limit else None
+
+
 def _warc_row(record, source: str, number: int, fmt: str, config: IngestConfig, cut: str) -> dict[str, Any]:
     kind = record.rec_type
     if kind not in WARC_TYPES or record.rec_headers.get_header("Content-Length") is None:
@@ -176,7 +243,10 @@ def _warc_row(record, source: str, number: int, fmt: str, config: IngestConfig, 
             if status != "200":
                 return _quarantined(source, number, fmt, f"http_status: {status}", declared, **common)
         raw = record.raw_stream = _CountingStream(record.raw_stream)
-        payload = record.content_stream().read()
+        payload = decoded_payload(record, config.max_record_bytes)
+        if payload is None:
+            reason = f"too_large: decodes to more than {config.max_record_bytes} bytes"
+            return _quarantined(source, number, fmt, reason, declared, **common)
         header_bytes = record.http_headers.total_len if record.http_headers else 0
         if raw.count + header_bytes < declared:
             reason = f"{cut}: {raw.count + header_bytes} of {declared} bytes"
@@ -384,8 +454,11 @@ def _jsonl_row(line: bytes, source: str, number: int, fmt: str, config: IngestCo
     except UnicodeDecodeError as exc:
         return _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", len(line))
     try:
-        fields = json.loads(decoded)
-    except ValueError as exc:
+        fields = loads_bounded(decoded, config.max_json_depth)
+    except JsonTooDeep:
+        reason = f"too_deep: JSON nested more than {config.max_json_depth} levels"
+        return _quarantined(source, number, fmt, reason, len(line))
+    except (ValueError, RecursionError) as exc:
         return _quarantined(source, number, fmt, f"invalid_json: {str(exc)[:200]}", len(line))
     if not isinstance(fields, dict):
         return _quarantined(source, number, fmt, f"not_an_object: {type(fields).__name__}", len(line))
@@ -480,11 +553,9 @@ def _batch_rows(
             if pa.types.is_string(text_column.type) or pa.types.is_large_string(text_column.type):
                 raw_texts = text_column.cast(pa.large_binary()).to_pylist()  # no UTF-8 check on the way
             else:
-                raw_texts = text_column.to_pylist()
+                raw_texts = _values(text_column)
             others = {
-                name: batch.column(name).to_pylist()
-                for name in batch.schema.names
-                if name != config.text_column
+                name: _values(batch.column(name)) for name in batch.schema.names if name != config.text_column
             }
             for row, raw in enumerate(raw_texts):
                 number += 1
@@ -499,6 +570,15 @@ def _batch_rows(
                     except UnicodeDecodeError as exc:
                         yield _quarantined(source, number, fmt, f"invalid_utf8: byte {exc.start}", nbytes)
                         continue
+                elif isinstance(raw, _Undecodable):
+                    yield _quarantined(source, number, fmt, raw.reason(config.text_column), nbytes)
+                    continue
+                bad = next(
+                    (name for name, values in others.items() if isinstance(values[row], _Undecodable)), None
+                )
+                if bad is not None:
+                    yield _quarantined(source, number, fmt, others[bad][row].reason(bad), nbytes)
+                    continue
                 fields = {name: values[row] for name, values in others.items()}
                 fields[config.text_column] = raw
                 try:
@@ -507,6 +587,44 @@ def _batch_rows(
                     yield _quarantined(source, number, fmt, f"ingest_error:{type(exc).__name__}", nbytes)
     except Exception as exc:
         yield _quarantined(source, number + 1, fmt, _file_failure(exc))
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """A column value that could not be turned into a Python value; its record is quarantined alone."""
+
+    kind: str  # invalid_utf8 | undecodable
+    detail: str
+
+    def reason(self, column: str) -> str:
+        return f"{self.kind}: column {column}: {self.detail}"[:300]
+
+
+def _values(column: pa.Array) -> list[Any]:
+    """The column's values, one per record; a value that cannot be decoded becomes ``_Undecodable`` for its
+    record only (one invalid UTF-8 url used to cost its whole row group, 1,000 rows, as one quarantine row)."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        values = column.cast(pa.large_binary()).to_pylist()  # read as bytes: no UTF-8 check for the batch
+        decoded: list[Any] = []
+        for value in values:
+            if value is None:
+                decoded.append(None)
+                continue
+            try:
+                decoded.append(value.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                decoded.append(_Undecodable("invalid_utf8", f"byte {exc.start}"))
+        return decoded
+    try:
+        return column.to_pylist()
+    except Exception:  # one bad value (a nested string, an out-of-range date): find it record by record
+        values = []
+        for index in range(len(column)):
+            try:
+                values.append(column[index].as_py())
+            except Exception as exc:
+                values.append(_Undecodable("undecodable", f"{type(exc).__name__}: {exc}"))
+        return values
 
 
 READERS = {

@@ -6,12 +6,16 @@ Listing happens in the driver and touches metadata only; the files are read (and
 from __future__ import annotations
 
 import glob
+import itertools
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Longest suffix first: Common Crawl names its WET files *.warc.wet.gz.
 SUFFIXES = (
@@ -75,27 +79,84 @@ def _hf_metadata(name: str, siblings: set[str]) -> bool:
     return name in HF_DATASET_METADATA and any(marker in siblings for marker in HF_DATASET_MARKERS)
 
 
-def list_sources(patterns: Iterable[str], fmt: str = "auto") -> list[SourceFile]:
-    """Every file the patterns name, sorted and once each; a pattern that names nothing is a config error."""
+@dataclass(frozen=True)
+class RefusedLink:
+    """A file reached through a symbolic link that leads outside the folder (or glob base) named."""
+
+    link: str
+    target: str
+
+
+def list_sources(
+    patterns: Iterable[str],
+    fmt: str = "auto",
+    follow_symlinks: bool = False,
+    refused: list[RefusedLink] | None = None,
+) -> list[SourceFile]:
+    """Every file the patterns name, sorted and once each; a pattern that names nothing is a config error.
+
+    A file found inside a named folder (or matched by a glob) through a symbolic link that leads outside
+    that folder (or the glob's fixed part) is refused unless ``follow_symlinks``: a link in a corpus folder
+    to /etc/passwd must not become a document. Refused links are logged and appended to ``refused``.
+    """
     found: dict[str, SourceFile] = {}
     for pattern in patterns:
-        files = _list_uri(pattern, fmt) if is_uri(pattern) else _list_local(_local_path(pattern), fmt)
+        refused_here: list[RefusedLink] = []
+        if is_uri(pattern):
+            files = _list_uri(pattern, fmt)
+        else:
+            files = _list_local(_local_path(pattern), fmt, follow_symlinks, refused_here)
+        for link in refused_here:
+            log.warning(
+                "ingest.sources: %s links to %s, outside %s; not read (ingest.follow_symlinks=true reads it)",
+                link.link,
+                link.target,
+                pattern,
+            )
+        if refused is not None:
+            refused.extend(refused_here)
         if not files:
-            raise ConfigError(f"ingest.sources: {pattern!r} names no readable source file")
+            also = (
+                f" ({len(refused_here)} symbolic link(s) leading outside it refused)" if refused_here else ""
+            )
+            raise ConfigError(f"ingest.sources: {pattern!r} names no readable source file{also}")
         for entry in files:
             found.setdefault(entry.path, entry)
     return [found[path] for path in sorted(found)]
 
 
-def _list_local(pattern: str, fmt: str) -> list[SourceFile]:
+def _glob_base(pattern: str) -> Path:
+    """The fixed folder a glob starts from: its path up to the first part with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = [part for part in itertools.takewhile(lambda part: not glob.has_magic(part), parts)]
+    return Path(*fixed[:-1] if len(fixed) == len(parts) else fixed) if fixed else Path(".")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _list_local(
+    pattern: str, fmt: str, follow_symlinks: bool, refused: list[RefusedLink]
+) -> list[SourceFile]:
     files = []
-    for match in sorted(glob.glob(os.path.expanduser(pattern), recursive=True)):
+    pattern = os.path.expanduser(pattern)
+    base = _glob_base(pattern).resolve() if glob.has_magic(pattern) else None
+    for match in sorted(glob.glob(pattern, recursive=True)):
         path = Path(match).resolve()
+        if base is not None and not follow_symlinks and not _inside(path, base):
+            refused.append(RefusedLink(os.path.abspath(match), str(path)))
+            continue
         if path.is_dir():
             names_by_folder: dict[Path, set[str]] = {}
             for child in sorted(path.rglob("*")):
                 if not child.is_file() or _hidden(child.name):
                     continue
+                if child.is_symlink() and not follow_symlinks:
+                    target = child.resolve()
+                    if not _inside(target, path):
+                        refused.append(RefusedLink(str(child), str(target)))
+                        continue
                 if child.parent not in names_by_folder:
                     names_by_folder[child.parent] = {sibling.name for sibling in child.parent.iterdir()}
                 if _hf_metadata(child.name, names_by_folder[child.parent]):

@@ -5,8 +5,9 @@ Kept free of torch so config validation stays cheap (``ModelSection`` builds one
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 ATTENTION_PATTERNS = ("causal", "sliding_window", "blockwise")
 ATTENTION_KERNELS = ("auto", "sdpa")
@@ -14,6 +15,19 @@ NORMS = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("swiglu", "gelu")
 ROUTER_SCORES = ("softmax", "sigmoid")
 FUSED_CROSS_ENTROPY = ("off", "chunked", "liger", "cce", "auto")
+# Upper bounds of the sizes, far past any model trained today: a typo such as hidden_size 10**9 or 10**9
+# layers otherwise passes every check and fails inside torchrun, allocating, after three restarts.
+MAX_SIZE = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 17,
+    "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "intermediate_size": 1 << 20,
+    "max_position_embeddings": 1 << 24,
+    "num_experts": 1 << 14,
+}
+MAX_PARAMETERS = 10**13  # ten trillion: the whole model, all experts counted
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,7 @@ class GPTConfig:
     moe_shared_expert: bool = False  # one dense expert every token goes through, added to the routed output
     moe_capacity_factor: float | None = 1.25  # None: unlimited (no token is ever dropped)
     moe_eval_capacity_factor: float | None = None  # used in eval mode (and generate); None: unlimited
-    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    router_score: str = "softmax"
     router_aux_loss_coef: float = 0.01  # Switch/GShard load balancing, summed over MoE layers
     router_z_loss_coef: float = 0.001  # ST-MoE router z-loss, summed over MoE layers
     moe_fused_routing: bool = True  # use cuda_ext.moe_routing when it is built, else the PyTorch reference
@@ -73,10 +87,13 @@ class GPTConfig:
         if self.moe_layers is not None and not isinstance(self.moe_layers, tuple):
             # YAML and JSON give lists; keep the dataclass hashable and frozen.
             object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
+        self._check_types()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("num_key_value_heads", "intermediate_size", "max_position_embeddings"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, most in MAX_SIZE.items():
+            _require(getattr(self, name) <= most, f"{name} must be <= {most}, got {getattr(self, name)}")
         _require(
             self.hidden_size % self.num_attention_heads == 0,
             f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -106,6 +123,29 @@ class GPTConfig:
         )
         self._check_attention()
         self._check_moe()
+        parameters = self.num_parameters()
+        _require(
+            parameters <= MAX_PARAMETERS,
+            f"{parameters:.3g} parameters is more than {MAX_PARAMETERS:.0e}; check the sizes",
+        )
+
+    def _check_types(self) -> None:
+        """Each field holds its declared type (YAML, JSON and --set give whatever was written), every float
+        finite: a NaN passes every comparison below as False, and some as no error at all."""
+        for item in fields(self):
+            value = getattr(self, item.name)
+            expected = _FIELD_TYPES[item.name]
+            if value is None and "None" in item.type:
+                continue
+            if item.name == "moe_layers":
+                ok = all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+            elif expected is float:
+                ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            elif expected is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, expected)
+            _require(ok, f"{item.name} must be {item.type.replace(' | None', ' or null')}, got {value!r}")
 
     def _check_attention(self) -> None:
         pattern = self.attention_pattern
@@ -292,6 +332,15 @@ class GPTConfig:
     def head_flops_per_token(self) -> float:
         """Training FLOPs per token of the lm_head (the rest of ``flops_per_token``; the lookup costs none)."""
         return 6 * self.vocab_size * self.hidden_size
+
+
+# The plain type of each field (annotations are strings here: ``from __future__ import annotations``).
+_FIELD_TYPES = {
+    item.name: {"int": int, "float": float, "str": str, "bool": bool}.get(
+        item.type.replace(" | None", ""), tuple
+    )
+    for item in fields(GPTConfig)
+}
 
 
 def _require(condition: bool, message: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
@@ -59,7 +58,7 @@ def expert_capacity(
     return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
 
 
-def router_scores(logits: torch.Tensor, score: Literal["softmax", "sigmoid"] = "softmax") -> torch.Tensor:
+def router_scores(logits: torch.Tensor, score: str = "softmax") -> torch.Tensor:
     finfo = torch.finfo(torch.float32)
     safe = torch.nan_to_num(logits.float(), nan=finfo.min, posinf=finfo.max, neginf=finfo.min)
     if score == "softmax":
@@ -73,7 +72,7 @@ def route(
     logits: torch.Tensor,
     top_k: int,
     capacity: int | None = None,
-    score: Literal["softmax", "sigmoid"] = "softmax",
+    score: str = "softmax",
 ) -> RoutingPlan:
     num_tokens, num_experts = logits.shape
     if not 1 <= top_k <= num_experts:

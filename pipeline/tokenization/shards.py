@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.manifest import DamagedInputError
+
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 HEADER_BYTES = 34  # magic 9 + version 8 + dtype 1 + sequence count 8 + document count 8
@@ -41,8 +43,9 @@ CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MAX_SEQUENCE_TOKENS = np.iinfo(np.int32).max  # lengths are int32 in the index
 
 
-class ShardFormatError(ValueError):
-    """A .bin/.idx pair is not a valid, complete shard."""
+class ShardFormatError(DamagedInputError):
+    """A .bin/.idx pair is not a valid, complete shard (a ValueError; never retried: reading it again finds
+    the same bytes)."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -37,16 +37,17 @@ def _keyword(**extra: Any) -> dict[str, Any]:
     return {"type": "keyword", **extra}
 
 
-def index_template() -> dict[str, Any]:
-    """A data stream template for logs-pretrain-*, above the built-in logs-*-* (priority 100)."""
+def index_template(ilm: bool = True) -> dict[str, Any]:
+    """A data stream template for logs-pretrain-*, above the built-in logs-*-* (priority 100); without
+    ``ilm``, a plain index template (for a server without ILM and data streams)."""
     return {
         "index_patterns": ["logs-pretrain-*"],
-        "data_stream": {},
+        **({"data_stream": {}} if ilm else {}),
         "priority": 200,
         "version": TEMPLATE_VERSION,
         "_meta": {**MANAGED_BY, "description": "ECS JSON log lines from pretrain-pipeline processes"},
         "template": {
-            "settings": {"index.lifecycle.name": ILM_POLICY},
+            "settings": {"index.lifecycle.name": ILM_POLICY} if ilm else {},
             "mappings": {
                 # ECS: labels are keywords; other strings too unless mapped below.
                 "dynamic_templates": [
@@ -141,7 +142,11 @@ class ElasticsearchSink:
         max_backoff: float = 30.0,
         chunk_size: int = 500,
         max_chunk_bytes: int = 10 * 1024 * 1024,
+        setup: str = "full",
     ) -> None:
+        """setup: what the sink installs on first use (logging.elasticsearch_setup): ``full`` the ILM policy,
+        the index template and the data stream; ``template`` the index template only, for a server without
+        ILM and data streams; ``none`` nothing (installed elsewhere, e.g. from ``write_setup_files``)."""
         from elasticsearch import Elasticsearch
 
         self.url = url
@@ -165,7 +170,8 @@ class ElasticsearchSink:
         if ca_certs:
             options["ca_certs"] = ca_certs
         self.client = Elasticsearch(url, **options)
-        self._ready = False
+        self.setup = setup
+        self._ready = setup == "none"
 
     @classmethod
     def from_env(cls, url: str, data_stream: str, **kwargs: Any) -> ElasticsearchSink:
@@ -190,16 +196,17 @@ class ElasticsearchSink:
             return
         client = self.client
         missing = client.options(ignore_status=404)
-        if missing.ilm.get_lifecycle(name=ILM_POLICY).meta.status == 404:
+        full = self.setup == "full"
+        if full and missing.ilm.get_lifecycle(name=ILM_POLICY).meta.status == 404:
             client.ilm.put_lifecycle(name=ILM_POLICY, policy=ilm_policy(self.retention))
             log.info("created ILM policy %s", ILM_POLICY)
         current = missing.indices.get_index_template(name=INDEX_TEMPLATE)
         templates = current.body.get("index_templates", []) if current.meta.status == 200 else []
         installed = templates[0]["index_template"].get("version", 0) if templates else None
         if installed is None or installed < TEMPLATE_VERSION:
-            client.indices.put_index_template(name=INDEX_TEMPLATE, body=index_template())
+            client.indices.put_index_template(name=INDEX_TEMPLATE, body=index_template(ilm=full))
             log.info("installed index template %s v%d", INDEX_TEMPLATE, TEMPLATE_VERSION)
-        if missing.indices.get_data_stream(name=self.data_stream).meta.status == 404:
+        if full and missing.indices.get_data_stream(name=self.data_stream).meta.status == 404:
             created = client.options(ignore_status=400).indices.create_data_stream(name=self.data_stream)
             error = created.body.get("error", {}) if isinstance(created.body, dict) else {}
             if created.meta.status == 400 and error.get("type") != "resource_already_exists_exception":
@@ -261,7 +268,7 @@ class ElasticsearchSink:
                 result.rejected.append((action, status, info.get("error")))
             else:
                 if status == 404:
-                    self._ready = False  # the data stream vanished: set it up again next time
+                    self._ready = self.setup == "none"  # the data stream vanished: set it up again next time
                 if info is not None and result.error is None:
                     raised = info.get("exception")
                     result.error = (

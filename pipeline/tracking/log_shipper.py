@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig, load_config
-from pipeline.core.config import ConfigError
+from pipeline.core.arguments import ArgumentParser
+from pipeline.core.config import ConfigError, redact_url
+from pipeline.core.jsonsafe import MAX_JSON_DEPTH, loads_bounded
 from pipeline.core.logs import quiet_libraries
 from pipeline.core.storage import local_path
 
@@ -54,12 +55,13 @@ def document_id(relpath: str, offset: int, line: bytes) -> str:
     return digest.hexdigest()
 
 
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+MAX_LINE_BYTES = 1 << 20  # a longer line is shipped cut to this, tagged, never held whole
+SHOWN_ERROR_CHARS = 500
 
 
 def _without_lone_surrogates(value: Any) -> tuple[Any, bool]:
     """``value`` with every lone surrogate (valid JSON escapes such as "\\ud800", but not encodable as UTF-8)
-    replaced by U+FFFD; and whether there was one."""
+    replaced by U+FFFD; and whether there was one. ``value``'s nesting is bounded (MAX_JSON_DEPTH)."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -75,34 +77,72 @@ def _without_lone_surrogates(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
-def to_document(line: bytes, relpath: str, offset: int) -> dict[str, Any]:
-    """The ECS line as a document, plus where it came from; a line that is not JSON is kept as text, and
-    one whose strings cannot be UTF-8 (lone surrogate escapes) is shipped repaired and tagged."""
+def _tag(doc: dict[str, Any], tag: str, error_type: str, message: str) -> None:
+    tags = doc.get("tags")
+    tags = tags if isinstance(tags, list) else [] if tags is None else [tags]
+    doc["tags"] = [*tags, tag]
+    if error_type:
+        doc["error"] = {"type": error_type, "message": message[:SHOWN_ERROR_CHARS]}
+
+
+def encode_json(value: Any) -> bytes:
+    """The one encoding of a document or action, for the spool and (the same rules) Elasticsearch's bulk
+    body: UTF-8 JSON without NaN or Infinity. ValueError when ``value`` cannot be written so."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def _unparsed(text: str, error_type: str, message: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"message": text}
+    _tag(doc, "pretrain_unparsed", error_type, message)
+    return doc
+
+
+def to_document(line: bytes, relpath: str, offset: int, cut_from: int | None = None) -> dict[str, Any]:
+    """The ECS line as a document, plus where it came from. Whatever the line holds, the document can be
+    encoded (``encode_json``) and so spooled and sent: a line that is not JSON, or nested deeper than
+    MAX_JSON_DEPTH, is kept as text; invalid UTF-8 and lone surrogate escapes are replaced by U+FFFD, and
+    NaN or Infinity leave the line as text; each repair is tagged. ``cut_from``: the line was that many
+    bytes, cut to ``line``."""
     try:
-        doc = json.loads(line)
+        text = line.decode("utf-8")
+        invalid_utf8 = None
+    except UnicodeDecodeError as exc:
+        text = line.decode("utf-8", "replace")
+        invalid_utf8 = f"invalid UTF-8 at byte {exc.start} replaced by U+FFFD"
+    try:
+        doc = loads_bounded(text, MAX_JSON_DEPTH, parse_constant=_refuse_constant)
         if not isinstance(doc, dict):
             raise ValueError(f"a JSON {type(doc).__name__}, not an object")
     except ValueError as exc:
-        doc = {
-            "message": line.decode("utf-8", "replace"),
-            "tags": ["pretrain_unparsed"],
-            "error": {"type": "unparsed_line", "message": str(exc)[:500]},
-        }
-    repaired = False
-    if SURROGATE_ESCAPE.search(line):
-        doc, repaired = _without_lone_surrogates(doc)
+        doc = _unparsed(text, "unparsed_line", str(exc))
+    doc, repaired = _without_lone_surrogates(doc)
     if repaired:  # otherwise the spool cannot be written and shipping stalls on this line for ever
-        doc["tags"] = [*doc.get("tags", []), "pretrain_invalid_unicode"]
-        doc["error"] = {"type": "invalid_unicode", "message": "lone surrogate escapes replaced by U+FFFD"}
+        _tag(doc, "pretrain_invalid_unicode", "invalid_unicode", "lone surrogate escapes replaced by U+FFFD")
+    if invalid_utf8:
+        _tag(doc, "pretrain_invalid_unicode", "invalid_unicode", invalid_utf8)
+    if cut_from is not None:
+        _tag(doc, "pretrain_truncated", "truncated_line", f"a line of {cut_from} bytes, cut to {len(line)}")
     if "@timestamp" not in doc:  # data streams require it
         doc["@timestamp"] = datetime.now(UTC).isoformat(timespec="milliseconds")
-        doc["tags"] = [*doc.get("tags", []), "pretrain_ingest_timestamp"]
+        _tag(doc, "pretrain_ingest_timestamp", "", "")
     if not isinstance(doc.get("log", {}), dict):
         doc["log_value"] = doc.pop("log")
     source = doc.setdefault("log", {})
+    if not isinstance(source.get("file", {}), dict):
+        source["file_value"] = source.pop("file")
     source["file"] = {**source.get("file", {}), "path": relpath}
     source["offset"] = offset
+    try:
+        encode_json(doc)
+    except ValueError as exc:  # anything left that JSON cannot carry: ship the line as text
+        return to_document(
+            json.dumps(_unparsed(text, "unencodable_line", str(exc))).encode(), relpath, offset, cut_from
+        )
     return doc
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (Elasticsearch refuses the whole bulk request that holds it)")
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -129,9 +169,21 @@ class Spool:
         number = int(segments[-1].stem.split("-")[1]) + 1 if segments else 1
         self._write(self.folder / f"segment-{number:012d}.ndjson", actions)
 
-    def read(self, segment: Path) -> list[dict[str, Any]]:
+    def read(self, segment: Path) -> tuple[list[dict[str, Any]], list[tuple[bytes, str]]]:
+        """(actions, unreadable lines with the reason): a damaged segment costs its damaged lines only."""
+        actions, unreadable = [], []
         # Split on "\n" only: str.splitlines() also breaks at U+0085 and U+2028, which JSON leaves unescaped.
-        return [json.loads(line) for line in segment.read_text(encoding="utf-8").split("\n") if line]
+        for line in segment.read_bytes().split(b"\n"):
+            if not line:
+                continue
+            try:
+                action = loads_bounded(line, MAX_JSON_DEPTH + 8)
+                if not isinstance(action, dict) or "_id" not in action or "_source" not in action:
+                    raise ValueError("not a spooled action")
+                actions.append(action)
+            except ValueError as exc:
+                unreadable.append((line, f"unreadable spool line: {exc}"[:SHOWN_ERROR_CHARS]))
+        return actions, unreadable
 
     def replace(self, segment: Path, remaining: list[dict[str, Any]]) -> None:
         if remaining:
@@ -140,8 +192,7 @@ class Spool:
             segment.unlink()
 
     def _write(self, path: Path, actions: list[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(action, ensure_ascii=False) + "\n" for action in actions)
-        _write_atomically(path, lines.encode("utf-8"))
+        _write_atomically(path, b"".join(encode_json(action) + b"\n" for action in actions))
 
     def size_bytes(self) -> int:
         return sum(segment.stat().st_size for segment in self.segments())
@@ -221,7 +272,10 @@ class LogShipper:
                 "no Elasticsearch URL: set logging.elasticsearch_url, $ELASTICSEARCH_URL or pass --url"
             )
         sink = ElasticsearchSink.from_env(
-            url, data_stream or config.logging.data_stream, retention=config.logging.retention, **sink_options
+            url,
+            data_stream or config.logging.data_stream,
+            retention=config.logging.retention,
+            **{"setup": config.logging.elasticsearch_setup, **sink_options},
         )
         return cls(local_path(config.project.data_root), sink, spool_max_bytes=config.logging.spool_max_bytes)
 
@@ -230,7 +284,25 @@ class LogShipper:
     def load_offsets(self) -> dict[str, dict[str, int]]:
         if not self.offsets_path.is_file():
             return {}
-        return json.loads(self.offsets_path.read_text())
+        try:
+            offsets = json.loads(self.offsets_path.read_bytes())
+            if not isinstance(offsets, dict) or not all(
+                isinstance(e, dict) and isinstance(e.get("offset"), int) and isinstance(e.get("inode"), int)
+                for e in offsets.values()
+            ):
+                raise ValueError("not a map of file -> offset and inode")
+            return offsets
+        except ValueError as exc:
+            # Shipping again from the start sends no line twice: ids are stable, a re-send answers 409.
+            aside = self.offsets_path.with_name(f"{self.offsets_path.name}.unreadable")
+            os.replace(self.offsets_path, aside)
+            log.warning(
+                "%s is unreadable (%s), kept as %s; reading the logs from the start",
+                self.offsets_path,
+                exc,
+                aside,
+            )
+            return {}
 
     def _save_offsets(self, offsets: dict[str, dict[str, int]]) -> None:
         _write_atomically(self.offsets_path, json.dumps(offsets, indent=1, sort_keys=True).encode())
@@ -278,17 +350,24 @@ class LogShipper:
                 handle.seek(entry["offset"])
                 while budget > 0:
                     start = handle.tell()
-                    line = handle.readline()
+                    line = handle.readline(MAX_LINE_BYTES + 1)
+                    size, cut_from = len(line), None
+                    if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                        # Over-long: read on to its newline in pieces, keeping the first MAX_LINE_BYTES.
+                        while (piece := handle.readline(MAX_LINE_BYTES)) and not piece.endswith(b"\n"):
+                            size += len(piece)
+                        size += len(piece)
+                        line, cut_from = line[:MAX_LINE_BYTES] + piece[-1:], size
                     if not line.endswith(b"\n"):
                         break  # a line still being written: wait for its newline
-                    entry["offset"] = start + len(line)
-                    budget -= len(line)
+                    entry["offset"] = start + size
+                    budget -= size
                     body = line.rstrip(b"\r\n")
                     if body.strip():
                         actions.append(
                             {
                                 "_id": document_id(relpath, start, body),
-                                "_source": to_document(body, relpath, start),
+                                "_source": to_document(body, relpath, start, cut_from),
                             }
                         )
         return actions, offsets
@@ -302,23 +381,38 @@ class LogShipper:
             stats.replayed += len(result.delivered)
         stats.add_error(result.error)
         if result.rejected:
-            stats.rejected += len(result.rejected)
-            with open(self.rejected_path, "a", encoding="utf-8") as handle:
-                for action, status, error in result.rejected:
-                    handle.write(
-                        # ASCII escapes: whatever the server sent back, the quarantine file can hold it
-                        json.dumps({**action, "status": status, "error": error}) + "\n"
-                    )
+            self._reject(
+                [{**action, "status": status, "error": error} for action, status, error in result.rejected],
+                stats,
+            )
             log.warning(
                 "Elasticsearch rejected %d log line(s) for good; kept in %s",
                 len(result.rejected),
                 self.rejected_path,
             )
 
+    def _reject(self, entries: list[dict[str, Any]], stats: ShipStats) -> None:
+        """Append to rejected.ndjson, each entry with its reason; counted as rejected."""
+        stats.rejected += len(entries)
+        with open(self.rejected_path, "a", encoding="utf-8") as handle:
+            for entry in entries:
+                # ASCII escapes and repr() for the rest: whatever the entry holds, the file can hold it
+                handle.write(json.dumps(entry, default=repr) + "\n")
+
     def drain_spool(self, stats: ShipStats) -> bool:
         """Replay the spool oldest first; True when it is empty afterwards."""
         for segment in self.spool.segments():
-            result = self.sink.send(self.spool.read(segment))
+            actions, unreadable = self.spool.read(segment)
+            if unreadable:
+                lines = [
+                    {"spool_line": line.decode("utf-8", "replace"), "status": None, "error": reason}
+                    for line, reason in unreadable
+                ]
+                self._reject(lines, stats)
+                log.warning(
+                    "%d unreadable line(s) in %s moved to %s", len(unreadable), segment, self.rejected_path
+                )
+            result = self.sink.send(actions)
             self._record(result, stats, replay=True)
             self.spool.replace(segment, result.retry)
             if result.retry:
@@ -430,7 +524,7 @@ def start_background_shipper(config: PipelineConfig) -> BackgroundShipper | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pretrain ship-logs",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -458,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     quiet_libraries(config.logging.level)
     shipper = LogShipper.from_config(config, args.url, args.data_stream)
-    target = f"{shipper.sink.url} {shipper.sink.data_stream}"
+    target = f"{redact_url(shipper.sink.url)} {shipper.sink.data_stream}"
     if args.follow:
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):

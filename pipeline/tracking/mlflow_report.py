@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.core.config import redact_url
 from pipeline.core.lineage import Lineage
 from pipeline.core.manifest import MANIFEST_NAME, Manifest, sha256_file, upstream_manifests
 from pipeline.core.storage import DatasetRef, StageOutput
@@ -79,7 +80,7 @@ def find_training_run(config: PipelineConfig, train_manifest: Manifest) -> str |
             log.warning(
                 "train manifest names MLflow run %s, which is not in %s: %s",
                 run_id,
-                tracking_uri(config),
+                redact_url(tracking_uri(config)),
                 exc,
             )
     experiment_id = ensure_experiment(client, config)
@@ -365,7 +366,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         record = {
             "run_id": tracked.run_id,
             "experiment_id": tracked.experiment_id,
-            "tracking_uri": tracking_uri(config),
+            # Without userinfo: credentials from $MLFLOW_TRACKING_URI must not land in the output.
+            "tracking_uri": redact_url(tracking_uri(config)),
             "registered_model": version.name if version else None,
             "model_version": version.version if version else None,
         }
@@ -374,14 +376,14 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "MLflow training run %s%s (%s)",
             tracked.run_id,
             f", model {version.name} v{version.version}" if version else "",
-            tracking_uri(config),
+            redact_url(tracking_uri(config)),
         )
         return out.commit(
             rows={"metrics": metric_count, "samples": len(samples)},
             extra={
                 "mlflow_run_id": tracked.run_id,
                 "mlflow_experiment_id": tracked.experiment_id,
-                "tracking_uri": tracking_uri(config),
+                "tracking_uri": record["tracking_uri"],
                 "registered_model": record["registered_model"],
                 "model_version": record["model_version"],
                 "final_loss": train_manifest.extra.get("final_loss"),

@@ -12,6 +12,7 @@ artifacts, and model registration. ``stage_main`` wraps every stage in ``track_s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -19,14 +20,15 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig
+from pipeline.core.config import redact_url
 from pipeline.core.lineage import Lineage, code_version
-from pipeline.core.manifest import MANIFEST_NAME, Manifest
-from pipeline.core.storage import DatasetRef, local_path
+from pipeline.core.manifest import ENV_TRACKING_ERROR, ENV_TRACKING_RUN, MANIFEST_NAME, Manifest
+from pipeline.core.storage import DatasetRef, local_path, path_under
 from pipeline.stages import BY_NAME
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,9 @@ TAG_TRAIN_RUN = "pretrain.train_run"  # the training run (train.run_id) of a tra
 TAG_OUTPUT_DIGEST = "pretrain.output_digest"
 TAG_OUTPUT_PATH = "pretrain.output_path"
 PARENT_TAG = "mlflow.parentRunId"
-# A stage that launches children (the train launcher -> torchrun ranks) hands them its run through this.
-ENV_RUN_ID = "PRETRAIN_MLFLOW_RUN_ID"
+# A stage that launches children (the train launcher -> torchrun ranks) hands them its run through this;
+# the stage's manifest records it (or ENV_TRACKING_ERROR: why there is none).
+ENV_RUN_ID = ENV_TRACKING_RUN
 DATASET_CONTEXT = "mlflow.data.context"
 
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
@@ -80,7 +83,35 @@ def mlflow_client(config: PipelineConfig):
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(config)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    with _store_initialisation(uri):
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        if uri not in _INITIALISED:
+            client.search_experiments(max_results=1)  # the tracking tables
+            client.search_registered_models(max_results=1)  # the registry's, in the same file
+            _INITIALISED.add(uri)
+    return client
+
+
+_INITIALISED: set[str] = set()
+
+
+@contextlib.contextmanager
+def _store_initialisation(uri: str) -> Iterator[None]:
+    """Held while a process first opens a SQLite store, which creates (migrates) its tables: two first
+    runs at once otherwise both migrate the empty database and one loses its run ("Online migration
+    expected to match one row", "duplicate column name"). A file lock beside the database; a server
+    store migrates itself, and a store this process opened before needs nothing."""
+    if uri in _INITIALISED or not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(f".{database.name}.init-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_experiment(client, config: PipelineConfig) -> str:
@@ -94,7 +125,9 @@ def ensure_experiment(client, config: PipelineConfig) -> str:
     artifact_root = None
     if tracking_uri(config).startswith("sqlite:"):
         # Without a server, keep artifacts beside the SQLite store rather than in ./mlruns of whatever cwd.
-        artifact_root = (local_path(config.project.data_root) / "mlartifacts" / name).as_uri()
+        # tracking.experiment is free text: it names a folder here only once it is one plain name.
+        folder = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".") or "_"
+        artifact_root = path_under(local_path(config.project.data_root), "mlartifacts", folder).as_uri()
     try:
         return client.create_experiment(name, artifact_location=artifact_root)
     except MlflowException:
@@ -514,19 +547,26 @@ class StageTracking:
         self.run: TrackedRun | None = None
         self.error: Exception | None = None
         self._previous_env: str | None = None
+        self._previous_error: str | None = None
 
     @property
     def enabled(self) -> bool:
         return self.config.tracking.stage_runs
 
     def _failed(self, what: str, exc: Exception) -> None:
+        if self.error is None:
+            self._previous_error = os.environ.get(ENV_TRACKING_ERROR)
         self.error = exc
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
         message = (
             f"MLflow tracking of stage {self.stage!r} (snapshot {self.snapshot!r}) failed while {what}: "
-            f"{type(exc).__name__}: {exc}. Tracking URI: {tracking_uri(self.config)}. "
+            f"{reason}. Tracking URI: {redact_url(tracking_uri(self.config))}. "
         )
         if self.config.tracking.required:
             raise TrackingError(message + "Failing the stage because tracking.required=true.") from exc
+        # Part of the stage's result: the manifest it publishes records it (tracking.error), and so do
+        # the torchrun ranks' manifests, which inherit the environment. Until the stage ends.
+        os.environ[ENV_TRACKING_ERROR] = f"failed while {what}: {reason}"[:1000]
         log.error(message + "The stage goes on; set tracking.required=true to fail it instead.", exc_info=exc)
         if not self.config.logging.console:
             print(f"warning: {message}", file=sys.stderr)
@@ -539,7 +579,12 @@ class StageTracking:
         except Exception as exc:
             self._failed("starting the run", exc)
             return self
-        log.info("MLflow run %s for stage %s (%s)", self.run.run_id, self.stage, tracking_uri(self.config))
+        log.info(
+            "MLflow run %s for stage %s (%s)",
+            self.run.run_id,
+            self.stage,
+            redact_url(tracking_uri(self.config)),
+        )
         # Child processes (torchrun ranks) log into this same run.
         self._previous_env = os.environ.get(ENV_RUN_ID)
         os.environ[ENV_RUN_ID] = self.run.run_id
@@ -555,6 +600,13 @@ class StageTracking:
             self._failed("logging the output manifest", exc)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._end(exc_type)
+        finally:
+            if self.error is not None:
+                _restore_env(ENV_TRACKING_ERROR, self._previous_error)
+
+    def _end(self, exc_type) -> None:
         if self.run is None:
             return
         if self._previous_env is None:
@@ -571,6 +623,13 @@ class StageTracking:
                 self._failed("ending the run", finish_exc)
             else:
                 log.error("could not mark MLflow run %s %s: %s", self.run.run_id, status, finish_exc)
+
+
+def _restore_env(name: str, previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = previous
 
 
 def track_stage(config: PipelineConfig, stage: str, snapshot: str, inputs: list[DatasetRef]) -> StageTracking:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef, local_path
 
@@ -92,7 +93,7 @@ def tensorboard_command(logdir: Path, host: str, port: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pretrain tensorboard",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -36,6 +36,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader, build_train_loader
+from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.checkpoint import (
     CheckpointError,
@@ -171,6 +172,14 @@ class Trainer(Stateful):
             log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
         self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
         tokens_manifest = self.tokens_ref.manifest()
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:  # once a run, before step 1
+            verify_token_shards(
+                self.tokens_ref,
+                tokens_manifest,
+                checksums=config.data.verify_shards,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+            )
         self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
         self.precision = MixedPrecision(train.precision, self.device)
         self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)

@@ -155,3 +155,106 @@ def test_an_error_echoes_a_bounded_part_of_a_huge_value():
         load_config(overrides=[f"clean.languages={huge}", f"crawl.seeds={huge}"], environ={})
     assert len(str(error.value)) < 3000
     assert "chars)" in str(error.value)
+
+
+# --- hostile config: depth, duplicate keys, non-finite numbers, credentials in URLs ---------------------
+
+DEEP = 3000  # a few thousand levels: PyYAML's recursive composer used to end in a RecursionError traceback
+
+
+def test_a_deeply_nested_config_file_is_one_error_naming_where(tmp_path: Path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("model:\n  overrides:\n    x: " + "[" * DEEP + "]" * DEEP + "\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    message = str(error.value)
+    assert "nested more than 32 levels deep" in message and "model.overrides.x[0][0]" in message
+    assert str(path) in message and len(message) < 500
+
+
+def test_a_deeply_nested_block_mapping_is_refused_too(tmp_path: Path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("".join(f"{'  ' * level}k{level}:\n" for level in range(40)) + "  " * 40 + "v: 1\n")
+    with pytest.raises(ConfigError, match=r"k0\.k1\.k2.*nested more than 32 levels deep \(line \d+\)"):
+        load_config(path, environ={})
+
+
+def test_a_deeply_nested_override_or_env_value_names_its_key():
+    deep = "[" * DEEP + "]" * DEEP
+    with pytest.raises(ConfigError, match=r"^model\.overrides \(from --set\): .*nested more than 32"):
+        load_config(overrides=[f"model.overrides={deep}"], environ={})
+    with pytest.raises(ConfigError, match=r"^clean\.languages \(from env PRETRAIN__CLEAN__LANGUAGES\)"):
+        load_config(environ={"PRETRAIN__CLEAN__LANGUAGES": deep})
+
+
+def test_the_cli_answers_a_deep_config_with_one_line_and_exit_2(tmp_path: Path):
+    import subprocess
+    import sys
+
+    deep = "{a: " * DEEP + "1" + "}" * DEEP
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config", "--set", f"model.overrides={deep}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "RecursionError" not in done.stderr
+
+
+def test_a_duplicate_key_is_refused_naming_both_lines(tmp_path: Path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("train:\n  steps: 5\n  lr: 0.1\n  steps: 7\n")
+    with pytest.raises(ConfigError, match=r"train\.steps: duplicate key 'steps' at line 2 and line 4"):
+        load_config(path, environ={})
+    path.write_text("train: {steps: 5}\nproject: {}\ntrain: {lr: 0.1}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'train' at line 1 and line 3"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_numbers_are_refused_in_free_form_settings(value: str):
+    with pytest.raises(ConfigError, match=r"model\.overrides\.rope_theta: .* is not a finite number"):
+        load_config(overrides=[f"model.overrides={{rope_theta: {value}}}"], environ={})
+    with pytest.raises(ConfigError, match=r"model\.overrides\.initializer_range: .*not a finite.*from env"):
+        load_config(environ={"PRETRAIN__MODEL__OVERRIDES": f"{{initializer_range: {value}}}"})
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "logging.elasticsearch_url=https://elastic:s3cret@logs.example:9200",
+        "tracking.mlflow_tracking_uri=http://user:pw@mlflow.example",
+        "crawl.seeds=[https://a.example/, http://me@b.example/]",
+    ],
+)
+def test_credentials_inside_a_url_setting_are_refused_and_never_echoed(override: str):
+    with pytest.raises(ConfigError, match="carries credentials") as error:
+        load_config(overrides=[override], environ={})
+    assert "s3cret" not in str(error.value) and "pw@" not in str(error.value)
+    assert "***@" in str(error.value)
+
+
+@pytest.mark.parametrize("data_root", ["/proc/self/data", "/proc", "/sys/kernel"])
+def test_a_data_root_inside_a_kernel_interface_is_one_error(data_root: str):
+    with pytest.raises(ConfigError, match=r"project\.data_root: .*kernel interface"):
+        load_config(overrides=[f"project.data_root={data_root}"], environ={})
+
+
+def test_a_data_root_below_a_regular_file_is_one_error(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"project\.data_root: .* cannot be a folder: .*/file is a file"):
+        load_config(overrides=[f"project.data_root={tmp_path / 'file' / 'data'}"], environ={})
+    with pytest.raises(ConfigError, match="is a file"):
+        load_config(overrides=[f"project.data_root={tmp_path / 'file'}"], environ={})
+
+
+def test_urls_from_the_environment_are_recorded_without_their_userinfo():
+    """Credentials may come from the environment ($MLFLOW_TRACKING_URI, $ELASTICSEARCH_URL); logs, the
+    report's manifest and mlflow_run.json show those URLs through redact_url."""
+    from pipeline.core.config import redact_url
+
+    assert redact_url("https://elastic:s3cret@logs.example:9200/x") == "https://***@logs.example:9200/x"
+    assert redact_url("https://token@mlflow.example/") == "https://***@mlflow.example/"
+    assert redact_url("sqlite:////data/mlflow.db") == "sqlite:////data/mlflow.db"
+    assert redact_url("http://a.example/p?next=x@y") == "http://a.example/p?next=x@y"

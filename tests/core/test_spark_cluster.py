@@ -30,9 +30,10 @@ pytestmark = pytest.mark.slow
 STAGES = ("clean", "dedup", "tokenize")
 # What legitimately differs between two runs of one stage on one input: when and how long it ran
 # (created_at, duration_s, and the per-step timings in dedup's and tokenize's extra), where it wrote and read (path and
-# snapshot, of the output and of each input: the runs are two snapshots), and who started it (lineage:
-# an Airflow task for dedup on the cluster). Everything else, the files' checksums and sizes first, must match.
-RUN_FIELDS = ("created_at", "duration_s", "path", "snapshot", "lineage")
+# snapshot, of the output and of each input: the runs are two snapshots), who started it (lineage:
+# an Airflow task for dedup on the cluster) and which MLflow run tracks it (tracking). Everything else, the files'
+# checksums and sizes first, must match.
+RUN_FIELDS = ("created_at", "duration_s", "path", "snapshot", "lineage", "tracking")
 STEP_TIMINGS = {"dedup": "step_seconds", "tokenize": "seconds"}
 # The driver stays on loopback with the cluster, and no driver UI is needed.
 LOOPBACK_DRIVER = {

@@ -51,3 +51,32 @@ def test_loopback_and_private_addresses_are_refused_unless_allow_listed(tmp_path
     assert row_for(site_rows, "/page/0.html")["status"] == 200
     assert manifest.counters["by_reason"]["refused_private_address"] == 4
     assert manifest.counters["by_domain"]["localhost"]["by_reason"] == {"refused_private_address": 1}
+
+
+def test_another_port_of_an_allow_listed_host_is_refused(tmp_path):
+    """Allow-listed as 127.0.0.1:<site port>, the crawl must not reach a service on another port of
+    127.0.0.1, through a redirect or a seed."""
+    with (
+        TestSite(pages=3, slow_s=0.1, big_bytes=1000) as site,
+        TestSite(pages=1, bad_cases=False) as internal,
+    ):
+        site.internal_url = internal.url("/admin")  # /to-internal redirects to the other port
+        internal_seed, site_port = internal.url("/index.html"), site.port
+        config = make_config(
+            tmp_path,
+            f"crawl.seeds=[{site.url('/index.html')!r}, {internal.url('/index.html')!r}]",
+            f"crawl.allowed_private_hosts=['127.0.0.1:{site.port}']",
+            "crawl.download_delay=0",
+            "crawl.autothrottle=false",
+            "crawl.retry_times=0",
+        )
+        manifest = stage.run(config, [], DatasetRef.of(config, "crawl", "ports"))
+        rows = read_index(manifest.path)
+        assert sum(internal.hits.values()) == 0, internal.hits
+        assert site.hits["/page/0.html"] == 1, "the allow-listed port was crawled"
+    redirected = row_for(
+        [row for row in rows if f":{site_port}/" in (row["original_url"] or row["url"])], "/to-internal"
+    )
+    assert redirected["failure_reason"] == "refused_private_address" and redirected["status"] is None
+    (seed,) = [row for row in rows if row["url"] == internal_seed]
+    assert seed["failure_reason"] == "refused_private_address"

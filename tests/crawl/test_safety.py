@@ -217,3 +217,33 @@ def test_a_failed_lookup_fails_closed_before_the_downloader(monkeypatch):
     with pytest.raises(CrawlRefusal) as refusal:
         coroutine.send(None)
     assert refusal.value.reason == "dns_error"
+
+
+def test_allow_list_entries_take_an_optional_port():
+    """The allow-list had no ports: a link or redirect to another port of an allow-listed host was fetched
+    (an internal service on that host received requests)."""
+    policy = AddressPolicy(["127.0.0.1:8080", "[::1]:9000", "intranet.example:8443", "10.0.0.5"])
+    assert policy.refusal("127.0.0.1", "127.0.0.1", 8080) is None
+    assert policy.refusal("127.0.0.1", "127.0.0.1", 6379) == "loopback (port 6379 is not allow-listed)"
+    assert policy.refusal("127.0.0.1", "127.0.0.1") is None  # the resolver sees no port: the request did
+    assert policy.refusal("::1", "::1", 9000) is None and policy.refusal("::1", "::1", 22) is not None
+    assert policy.refusal("intranet.example", "10.1.1.1", 8443) is None
+    assert policy.refusal("intranet.example", "10.1.1.1", 80) == "private (port 80 is not allow-listed)"
+    assert policy.refusal("other", "10.0.0.5", 12345) is None  # no port: every port
+    assert policy.refusal("public.example", "8.8.8.8", 6379) is None  # public addresses need no entry
+    names, _ = parse_allow_list(["h:1", "h:2", "x", "x:3"])
+    assert names == {"h": frozenset({1, 2}), "x": None}
+
+
+@pytest.mark.parametrize("entry", ["h:0", "h:70000", "h:http", "10.0.0.0/24:80", "[::1]x"])
+def test_bad_ports_in_the_allow_list_fail_at_config_time(entry, tmp_path):
+    with pytest.raises(ConfigError, match=r"crawl\.allowed_private_hosts"):
+        make_config(tmp_path, f"crawl.allowed_private_hosts=['{entry}']")
+
+
+def test_the_sample_site_allow_lists_its_own_port_only(tmp_path):
+    from pipeline.crawl.stage import spider_settings
+
+    config = make_config(tmp_path, "crawl.allowed_private_hosts=[intranet.example]")
+    settings = spider_settings(config, sample_site="127.0.0.1:41234")
+    assert settings["CRAWL_ALLOWED_PRIVATE_HOSTS"] == ["intranet.example", "127.0.0.1:41234"]

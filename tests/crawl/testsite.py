@@ -12,11 +12,13 @@ articles whose links form a random (seeded) graph, all reachable from ``/index.h
 
 from __future__ import annotations
 
+import functools
 import gzip
 import html
 import random
 import threading
 import time
+import zlib
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -65,6 +67,21 @@ WORDS = [
 ]
 
 PNG_BYTES = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
+BOMB_DECODED_MIB = 64
+
+
+@functools.cache
+def bomb(encoding: str) -> bytes:
+    """A page body that decodes to BOMB_DECODED_MIB MiB of spaces, compressed piece by piece."""
+    piece = b" " * (1 << 20)
+    if encoding == "br":
+        import brotli
+
+        compressor = brotli.Compressor(quality=5)
+        return b"".join(compressor.process(piece) for _ in range(BOMB_DECODED_MIB)) + compressor.finish()
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    compressor = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    return b"".join(compressor.compress(piece) for _ in range(BOMB_DECODED_MIB)) + compressor.flush()
 
 
 class TestSite:
@@ -83,6 +100,10 @@ class TestSite:
         "/report": "content_type_not_allowed",
         "/huge.html": "too_large",
         "/huge-stream.html": "too_large",
+        # Small on the wire, 64 MiB decoded: Scrapy caps decoding at DOWNLOAD_MAXSIZE (crawl.download_maxsize)
+        "/bomb-gzip.html": "too_large",
+        "/bomb-deflate.html": "too_large",
+        "/bomb-br.html": "too_large",
         "/loop-a": "redirect_loop",
         "/self-redirect": "redirect_loop",
         "/to-metadata": "redirect_off_site",  # another site; same-site ones are refused for the address
@@ -359,6 +380,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/gzip.html":
             body = gzip.compress(site.page(2).replace(b"Page 2", b"Gzipped page"))
             return self._send(200, body, "text/html; charset=utf-8", Content_Encoding="gzip")
+        if path.startswith("/bomb-"):
+            encoding = path.removeprefix("/bomb-").removesuffix(".html")
+            return self._send(200, bomb(encoding), "text/html; charset=utf-8", Content_Encoding=encoding)
         if path == "/empty.html":
             return self._send(200, b"")
         if path == "/error500.html":

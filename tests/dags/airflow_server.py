@@ -185,6 +185,31 @@ class LocalAirflow:
     def pause(self, dag_id: str) -> None:
         self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": True})
 
+    UNFINISHED_RUN_STATES = ("queued", "running")
+    ACTIVE_TASK_STATES = ("queued", "scheduled", "running", "restarting", "deferred", "up_for_retry")
+
+    def cancel_everything(self, deadline_s: float = 900.0) -> None:
+        """Cancel every backfill and fail every unfinished DAG run, then wait until no task instance is still
+        active: what one test started must not hold the next one up (a backfill left running made the next
+        `backfill create` fail with AlreadyRunningBackfill). Each test calls this in its teardown."""
+        dag_ids = [dag["dag_id"] for dag in self.request("GET", "/api/v2/dags?limit=100")["dags"]]
+        for dag_id in dag_ids:
+            for backfill in self.request("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]:
+                if not backfill["completed_at"]:
+                    self.request("PUT", f"/api/v2/backfills/{backfill['id']}/cancel")
+            states = "&".join(f"state={state}" for state in self.UNFINISHED_RUN_STATES)
+            for run in self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns?{states}&limit=100")["dag_runs"]:
+                path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run['dag_run_id'])}"
+                self.request("PATCH", path, {"state": "failed"})
+        states = "&".join(f"state={state}" for state in self.ACTIVE_TASK_STATES)
+
+        def settled() -> bool:
+            return not self.request("GET", f"/api/v2/dags/~/dagRuns/~/taskInstances?{states}")[
+                "task_instances"
+            ]
+
+        self.wait(settled, "the cancelled runs' tasks to stop", deadline_s, every_s=1.0)
+
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
         run = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
         return run["dag_run_id"]
@@ -192,7 +217,7 @@ class LocalAirflow:
     def run_state(self, dag_id: str, run_id: str) -> str:
         return self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}")["state"]
 
-    def wait_for_run(self, dag_id: str, run_id: str, deadline_s: float = 900.0) -> str:
+    def wait_for_run(self, dag_id: str, run_id: str, deadline_s: float = 2400.0) -> str:
         def finished() -> str | None:
             state = self.run_state(dag_id, run_id)
             return state if state in ("success", "failed") else None

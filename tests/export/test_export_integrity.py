@@ -70,7 +70,8 @@ def test_changed_exported_weights_are_refused_naming_the_file(exported, command,
     finally:
         weights.write_bytes(original)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1].startswith(f"error: {weights} does not match the export manifest (sha256 "), lines[-1]
+    assert lines[-1].startswith(f"error: {weights} was changed after it was published: "), lines[-1]
+    assert "re-run the stage that wrote it: `pretrain export" in lines[-1]
     after = output.manifest().created_at if output.is_complete() else None
     assert after == before  # nothing published from the changed weights
 
@@ -94,4 +95,4 @@ def test_a_changed_checkpoint_is_refused_even_with_a_matching_checksum_file(expo
         checkpoint.write_bytes(original)
         checksum.write_bytes(original_checksum)
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"error: {checkpoint} does not match the train manifest"), last
+    assert last.startswith(f"error: {checkpoint} was changed after it was published: "), last

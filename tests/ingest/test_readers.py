@@ -148,3 +148,85 @@ def test_a_large_jsonl_file_read_in_pieces_gives_the_whole_files_records(tmp_pat
         assert len(pieces) == -(-size // split_bytes)
         rows = [row for piece in pieces for row in READERS["jsonl"](str(path), "jsonl", size, config, piece)]
         assert rows == whole, split_bytes
+
+
+# --- one record's fault costs that record only -----------------------------------------------------------
+
+
+def read_file(path: Path, fmt: str, **overrides) -> list[dict]:
+    config = IngestConfig(sources=[str(path)], **{"max_record_bytes": MAX_RECORD_BYTES, **overrides})
+    return list(READERS[fmt](str(path), fmt, path.stat().st_size, config, None))
+
+
+def test_a_deeply_nested_jsonl_line_is_quarantined_alone_and_the_lines_after_it_are_read(tmp_path):
+    """The second line an array nested 200,000 deep: it and every line after it were lost, and the file
+    counted as one unreadable_file row."""
+    path = tmp_path / "deep.jsonl"
+    texts = [f"Document {i} has a few words of text." for i in range(4)]
+    lines = [json.dumps({"text": texts[0]}).encode(), b"[" * 200_000 + b"]" * 200_000]
+    lines += [json.dumps({"text": texts[i]}).encode() for i in (1, 2)]
+    lines.append(
+        json.dumps({"text": texts[3], "meta": {"a": [[[[[[[[1]]]]]]]]}})
+        .encode()
+        .replace(b"1", b"[" * 60 + b"1" + b"]" * 60)
+    )
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rows = read_file(path, "jsonl", max_record_bytes=1 << 20)  # default max_json_depth: 64
+    assert [row["source_record"] for row in rows] == [0, 1, 2, 3, 4]
+    assert [row["drop_reason"] for row in rows] == [
+        None,
+        "too_deep: JSON nested more than 64 levels",
+        None,
+        None,
+        "too_deep: JSON nested more than 64 levels",
+    ]
+    assert rows[2]["text"] == texts[1] and rows[3]["text"] == texts[2]
+
+
+def test_one_invalid_utf8_url_in_parquet_costs_its_record_only(tmp_path):
+    """One invalid UTF-8 value in a Parquet file's url column turned the whole row group (1,000 rows) into
+    one quarantine row."""
+    import pyarrow.parquet as pq
+
+    from tests.ingest.sources import _strings
+
+    urls = [f"https://site.example/page-{i}".encode() for i in range(1000)]
+    urls[517] = b"https://bad.example/\xff\xfe"
+    table = pa.table({"text": [f"Record {i} holds a sentence." for i in range(1000)], "url": _strings(urls)})
+    path = tmp_path / "urls.parquet"
+    pq.write_table(table, path, row_group_size=1000)
+    rows = read_file(path, "parquet")
+    assert len(rows) == 1000 and [row["source_record"] for row in rows] == list(range(1000))
+    bad = [row for row in rows if row["drop_reason"]]
+    assert [(row["source_record"], row["drop_reason"]) for row in bad] == [
+        (517, "invalid_utf8: column url: byte 20")
+    ]
+    assert rows[518]["url"] == "https://site.example/page-518" and rows[518]["drop_reason"] is None
+
+
+def test_symlinks_leading_out_of_a_source_folder_are_refused_and_counted(tmp_path):
+    """File symlinks inside a source folder were followed anywhere (an outside document, /etc/passwd)."""
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps({"text": "a document from elsewhere"}) + "\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "own.jsonl").write_text(json.dumps({"text": "our document"}) + "\n")
+    (corpus / "elsewhere.jsonl").symlink_to(outside)
+    (corpus / "passwd.json").symlink_to("/etc/passwd")
+    (corpus / "alias.jsonl").symlink_to(corpus / "own.jsonl")  # inside the folder: fine
+    refused = []
+    listed = list_sources([str(corpus)], refused=refused)
+    assert sorted(Path(entry.path).name for entry in listed) == ["alias.jsonl", "own.jsonl"]
+    assert sorted((Path(r.link).name, r.target) for r in refused) == [
+        ("elsewhere.jsonl", str(outside)),
+        ("passwd.json", "/etc/passwd"),
+    ]
+    # A glob is held to its fixed part; the setting follows links on purpose.
+    refused.clear()
+    globbed = list_sources([str(corpus / "*.jsonl")], refused=refused)
+    assert [Path(e.path).name for e in globbed] == ["own.jsonl"]  # alias.jsonl is own.jsonl
+    assert [r.target for r in refused] == [str(outside)]
+    followed = list_sources([str(corpus)], follow_symlinks=True)
+    assert len(followed) == 4
+    with pytest.raises(ConfigError, match="1 symbolic link"):
+        list_sources([str(corpus / "passwd*.json")])

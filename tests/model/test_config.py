@@ -177,3 +177,31 @@ def test_flops_per_token_counts_only_attended_keys():
     )
     assert causal.mean_attended_keys(2048) == pytest.approx(2049 / 2)
     assert causal.flops_per_token() == causal.flops_per_token(2048)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hidden_size": 10**9}, "hidden_size must be <= 131072"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers must be <= 4096"),
+        ({"vocab_size": 10**12}, "vocab_size must be <= 16777216"),
+        ({"rope_theta": float("nan")}, "rope_theta must be float"),
+        ({"initializer_range": float("inf")}, "initializer_range must be float"),
+        ({"hidden_size": 128.5}, "hidden_size must be int"),
+        ({"num_hidden_layers": True}, "num_hidden_layers must be int"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be bool"),
+        ({"norm": 3}, "norm must be str"),
+        ({"moe_layers": ["a"], "num_experts": 4}, "moe_layers must be tuple"),
+        ({"hidden_size": 65536, "intermediate_size": 1 << 20, "num_hidden_layers": 4096}, "parameters"),
+    ],
+)
+def test_overrides_are_checked_by_the_model_config_at_load(overrides, message):
+    """`model.overrides` with NaN, 10^9 layers or hidden_size 10^9 used to pass and fail inside torchrun after
+    three restarts (52-68 s, ~200 lines); the model config's own checks refuse them when the config loads."""
+    from pipeline.config import load_config
+    from pipeline.core.config import ConfigError
+
+    with pytest.raises(ValueError, match=message):
+        model_config("tiny", **overrides)
+    with pytest.raises(ConfigError, match=r"model.*" + message.split(" ")[0]):
+        load_config(overrides=[f"model.overrides={json.dumps(overrides)}"], environ={})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,29 +32,50 @@ from pipeline.tracking import log_shipper
 from pipeline.tracking.es_index import ILM_POLICY, INDEX_TEMPLATE, ElasticsearchSink
 from pipeline.tracking.log_shipper import LogShipper, Spool
 from tests.tracking.es_protocol import FakeElasticsearch, FaultProxy
+from tests.tracking.third_party_es import SETUP as THIRD_PARTY_SETUP
+from tests.tracking.third_party_es import NoidaElasticsearch
 
 REAL_CLUSTER = os.environ.get("ELASTICSEARCH_URL")
 
 
-@pytest.fixture(scope="module")
-def upstream():
-    if REAL_CLUSTER:
-        yield REAL_CLUSTER
+SERVERS = ["cluster"] if REAL_CLUSTER else ["protocol", pytest.param("noida-db", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def upstream(request):
+    """(URL, logging.elasticsearch_setup): the real cluster of ``make es-test``; else every test runs twice,
+    against the protocol stand-in and against noida-db, a server someone else wrote (third_party_es)."""
+    if request.param == "cluster":
+        yield REAL_CLUSTER, "full"
+    elif request.param == "noida-db":
+        with NoidaElasticsearch() as server:
+            yield server.url, THIRD_PARTY_SETUP
     else:
         with FakeElasticsearch() as fake:
-            yield fake.url
+            yield fake.url, "full"
 
 
 @pytest.fixture(scope="module")
 def proxy(upstream):
-    with FaultProxy(upstream, seed=7) as fault_proxy:
+    url, setup = upstream
+    with FaultProxy(url, seed=7) as fault_proxy:
+        fault_proxy.setup = setup  # what the shipper installs on first use on this server
         yield fault_proxy
+
+
+def needs_data_streams(proxy) -> None:
+    if proxy.setup != "full":
+        pytest.skip("ILM and data streams: covered by the protocol tests only (third_party_es.py)")
+
+
+def setup_args(proxy) -> list[str]:
+    return ["--set", f"logging.elasticsearch_setup={proxy.setup}"]
 
 
 @pytest.fixture(scope="module")
 def reader(upstream):
     """A direct client (no proxy) to read back what arrived."""
-    return ElasticsearchSink.from_env(upstream, "unused").client
+    return ElasticsearchSink.from_env(upstream[0], "unused").client
 
 
 @pytest.fixture
@@ -61,7 +83,13 @@ def data_stream(reader, proxy):
     name = f"logs-pretrain-t{uuid.uuid4().hex[:12]}"
     proxy.set_plan([])
     yield name
-    reader.options(ignore_status=404).indices.delete_data_stream(name=name)
+    forget(reader, name)
+
+
+def forget(reader, name: str) -> None:
+    """Delete a test's data stream (or, on a server without data streams, its index)."""
+    reader.options(ignore_status=(400, 404)).indices.delete_data_stream(name=name)
+    reader.options(ignore_status=(400, 404)).indices.delete(index=name)
 
 
 def stored(reader: Elasticsearch, data_stream: str) -> list[dict]:
@@ -72,9 +100,10 @@ def stored(reader: Elasticsearch, data_stream: str) -> list[dict]:
     return [hit["_source"] for hit in hits]
 
 
-def sink_for(proxy: FaultProxy, data_stream: str, **options) -> ElasticsearchSink:
+def sink_for(proxy: FaultProxy, data_stream: str, url: str | None = None, **options) -> ElasticsearchSink:
     options = {"transport_retries": 0, "bulk_retries": 1, "initial_backoff": 0.0, "chunk_size": 7, **options}
-    return ElasticsearchSink.from_env(proxy.url, data_stream, **options)
+    options.setdefault("setup", proxy.setup)
+    return ElasticsearchSink.from_env(url or proxy.url, data_stream, **options)
 
 
 class LogWriter:
@@ -156,6 +185,7 @@ def test_ships_every_line_once_and_a_restart_sends_nothing_again(tmp_path, proxy
 
 
 def test_first_use_creates_ilm_policy_index_template_and_data_stream(tmp_path, proxy, reader, data_stream):
+    needs_data_streams(proxy)
     writer = LogWriter(tmp_path)
     writer.write(0, ["hello"])
     LogShipper(tmp_path, sink_for(proxy, data_stream, retention="12d")).ship_once()
@@ -259,7 +289,7 @@ def test_random_outages_lose_and_duplicate_nothing(proxy, reader, script, spool_
         for offsets in first_seen.values():
             assert offsets == sorted(offsets)
     finally:
-        reader.options(ignore_status=404).indices.delete_data_stream(name=data_stream)
+        forget(reader, data_stream)
 
 
 def test_a_server_that_is_not_elasticsearch_is_named_and_lines_wait(tmp_path, proxy, reader, data_stream):
@@ -343,6 +373,7 @@ def test_cli_quarantines_a_rejected_line_and_exits_nonzero(tmp_path, proxy, read
         handle.write(json.dumps(bad).encode() + b"\n")
     writer.write(0, ["good two"])
     common = ["--url", proxy.url, "--data-stream", data_stream, "--set", f"project.data_root={tmp_path}"]
+    common += setup_args(proxy)
     result = run_cli(*common, "--json")
     assert result.returncode == 1, result.stderr
     stats = json.loads(result.stdout.strip().splitlines()[-1])
@@ -404,6 +435,7 @@ def test_cli_follow_ships_new_lines_until_interrupted(tmp_path, proxy, reader, d
             data_stream,
             "--set",
             f"project.data_root={tmp_path}",
+            *setup_args(proxy),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -434,6 +466,7 @@ def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, dat
         f"logging.data_stream={data_stream}",
         "logging.ship_in_process=true",
         "logging.ship_interval_s=0.1",
+        f"logging.elasticsearch_setup={proxy.setup}",
     )
     start_logging(config, "shipper-test")
     background = log_shipper._background
@@ -457,18 +490,27 @@ def test_in_process_shipper_sends_this_process_logs(tmp_path, proxy, reader, dat
 
 def test_spool_keeps_order_across_partial_replays(tmp_path):
     spool = Spool(tmp_path / "spool")
-    spool.append([{"_id": "a"}, {"_id": "b"}])
-    spool.append([{"_id": "c"}])
+
+    def action(name: str) -> dict:
+        return {"_id": name, "_source": {"message": name}}
+
+    def ids(segment) -> list[str]:
+        actions, unreadable = spool.read(segment)
+        assert unreadable == []
+        return [a["_id"] for a in actions]
+
+    spool.append([action("a"), action("b")])
+    spool.append([action("c")])
     first, _ = spool.segments()
-    spool.replace(first, [{"_id": "b"}])
-    assert [spool.read(s) for s in spool.segments()] == [[{"_id": "b"}], [{"_id": "c"}]]
-    spool.append([{"_id": "d"}])
+    spool.replace(first, [action("b")])
+    assert [ids(s) for s in spool.segments()] == [["b"], ["c"]]
+    spool.append([action("d")])
     spool.replace(spool.segments()[0], [])
-    assert [a["_id"] for s in spool.segments() for a in spool.read(s)] == ["c", "d"]
+    assert [i for s in spool.segments() for i in ids(s)] == ["c", "d"]
     assert spool.count() == 2
     tricky = [{"_id": "e", "_source": {"message": "nel\x85 ls\u2028 ps\u2029 cr\r lf\n ff\x0c"}}]
     spool.append(tricky)
-    assert spool.read(spool.segments()[-1]) == tricky
+    assert spool.read(spool.segments()[-1]) == (tricky, [])
 
 
 def test_another_shipper_holding_the_lock_is_respected(tmp_path, proxy, data_stream):
@@ -491,3 +533,162 @@ def test_ship_logs_help_names_its_options(capsys):
     assert all(
         option in out for option in ("--url", "--follow", "--data-stream", "--set", "ELASTICSEARCH_API_KEY")
     )
+
+
+# --- poison lines: the shipper never dies, and every line is delivered, rejected with a reason, or pending ---
+
+DOWN = "http://127.0.0.1:9"  # the discard port: nothing listens, so Elasticsearch is unreachable
+
+
+def write_lines(root: Path, lines: list[bytes]) -> Path:
+    path = root / "_runs" / "run0" / "logs" / "poison-rank0-1.ecs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as handle:
+        for line in lines:
+            handle.write(line + b"\n")
+    return path
+
+
+def ship_until_settled(shipper: LogShipper) -> list:
+    passes = [shipper.ship_once()]
+    while passes[-1].read or (passes[-1].pending and len(passes) < 5):
+        passes.append(shipper.ship_once())
+    return passes
+
+
+def rejected_entries(shipper: LogShipper) -> list[dict]:
+    if not shipper.rejected_path.exists():
+        return []
+    return [json.loads(line) for line in shipper.rejected_path.read_text().splitlines()]
+
+
+def test_a_deeply_nested_line_is_shipped_as_text_and_the_lines_behind_it_follow(
+    tmp_path, proxy, reader, data_stream
+):
+    """A log line holding a JSON array nested 200,000 deep: `ship-logs` died with RecursionError and the
+    lines behind it were never shipped."""
+    writer = LogWriter(tmp_path)
+    writer.write(0, ["before"])
+    deep = b"[" * 200_000 + b"]" * 200_000
+    nested_object = b'{"@timestamp": "2026-11-29T00:00:00Z", "a": ' + b'{"b": ' * 100 + b"1" + b"}" * 101
+    path = write_lines(tmp_path, [deep, nested_object])
+    writer.write(0, ["after"])
+    stats = LogShipper(tmp_path, sink_for(proxy, data_stream)).ship_once()
+    assert (stats.read, stats.delivered, stats.rejected, stats.pending) == (4, 4, 0, 0), stats
+    poison = [doc for doc in stored(reader, data_stream) if doc["log"]["file"]["path"].endswith(path.name)]
+    assert len(poison) == 2 and all("pretrain_unparsed" in doc["tags"] for doc in poison)
+    assert {doc["error"]["message"] for doc in poison} == {"JSON nested more than 64 levels deep"}
+
+
+def test_raw_surrogate_bytes_while_elasticsearch_is_down_are_spooled_repaired(
+    tmp_path, proxy, reader, data_stream
+):
+    """Raw surrogate bytes (invalid UTF-8) on the spool path: UnicodeEncodeError, and the shipper died."""
+    lines = [
+        b'{"@timestamp": "2026-11-29T00:00:00Z", "message": "raw \xed\xa0\x80 surrogate"}',
+        b'{"@timestamp": "2026-11-29T00:00:00Z", "message": "nan", "pretrain": {"loss": NaN}}',
+        b'{"message": "odd fields", "tags": "not-a-list", "log": {"file": "not-an-object"}}',
+        b"\xff\xfe binary \x00 garbage",
+    ]
+    write_lines(tmp_path, lines)
+    down = LogShipper(tmp_path, sink_for(proxy, data_stream, url=DOWN))
+    stats = down.ship_once()
+    assert (stats.read, stats.spooled, stats.pending) == (4, 4, 4) and stats.errors
+    up = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    stats = up.ship_once()
+    assert (stats.read, stats.replayed, stats.delivered, stats.pending) == (0, 4, 4, 0), stats
+    docs = sorted(stored(reader, data_stream), key=lambda doc: doc["log"]["offset"])
+    assert (
+        docs[0]["message"] == "raw \ufffd\ufffd\ufffd surrogate"
+        and "pretrain_invalid_unicode" in docs[0]["tags"]
+    )
+    assert "pretrain_unparsed" in docs[1]["tags"] and "NaN is not JSON" in docs[1]["error"]["message"]
+    assert (
+        docs[2]["tags"] == ["not-a-list", "pretrain_ingest_timestamp"]
+        and docs[2]["log"]["file_value"] == "not-an-object"
+    )
+    assert docs[3]["message"].startswith("\ufffd\ufffd binary")
+
+
+def test_an_over_long_line_is_shipped_cut_and_tagged_without_being_held_whole(
+    tmp_path, proxy, reader, data_stream
+):
+    huge = b'{"message": "' + b"x" * (3 * log_shipper.MAX_LINE_BYTES) + b'"}'
+    write_lines(tmp_path, [huge, b'{"message": "next"}'])
+    stats = LogShipper(tmp_path, sink_for(proxy, data_stream)).ship_once()
+    assert (stats.read, stats.delivered) == (2, 2), stats
+    cut, following = sorted(stored(reader, data_stream), key=lambda doc: doc["log"]["offset"])
+    assert (
+        "pretrain_truncated" in cut["tags"] and f"a line of {len(huge) + 1} bytes" in cut["error"]["message"]
+    )
+    assert following["message"] == "next" and following["log"]["offset"] == len(huge) + 1
+
+
+def test_an_unreadable_spool_line_is_rejected_with_its_reason_and_the_rest_replayed(
+    tmp_path, proxy, data_stream
+):
+    write_lines(tmp_path, [b'{"message": "one"}', b'{"message": "two"}'])
+    LogShipper(tmp_path, sink_for(proxy, data_stream, url=DOWN)).ship_once()
+    shipper = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    (segment,) = shipper.spool.segments()
+    segment.write_bytes(segment.read_bytes() + b'{"_id": "x", "_source": {"message": [[[\n\xff\xfe\n')
+    stats = shipper.ship_once()
+    assert (stats.replayed, stats.rejected, stats.pending) == (2, 2, 0), stats
+    assert all(entry["error"].startswith("unreadable spool line") for entry in rejected_entries(shipper))
+
+
+def test_unreadable_offsets_are_set_aside_and_nothing_is_indexed_twice(tmp_path, proxy, reader, data_stream):
+    write_lines(tmp_path, [b'{"message": "one"}'])
+    shipper = LogShipper(tmp_path, sink_for(proxy, data_stream))
+    assert shipper.ship_once().delivered == 1
+    shipper.offsets_path.write_text("{half")
+    stats = shipper.ship_once()
+    assert (stats.read, stats.already_present) == (1, 1) and len(stored(reader, data_stream)) == 1
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+poison_lines = st.one_of(
+    st.binary(min_size=1, max_size=300),
+    json_values.map(lambda value: json.dumps(value).encode()),
+    st.dictionaries(
+        st.sampled_from(["message", "tags", "log", "@timestamp", "error", "pretrain"]), json_values
+    ).map(lambda doc: json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+    st.integers(1, 5000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.integers(1, 5000).map(lambda depth: b'{"a":' * depth + b"1" + b"}" * depth),
+)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(lines=st.lists(poison_lines, min_size=1, max_size=12), down_first=st.booleans())
+def test_fuzz_no_line_stops_the_shipper_and_every_line_is_accounted_for(proxy, reader, lines, down_first):
+    """Random bytes, random JSON, deep nesting: the shipper never raises, and every line it read is
+    delivered, rejected with a reason (rejected.ndjson), or pending in the spool."""
+    lines = [line.replace(b"\n", b" ").replace(b"\r", b" ") for line in lines]
+    lines = [line for line in lines if line.strip()]
+    data_stream = f"logs-pretrain-t{uuid.uuid4().hex[:12]}"
+    root = Path(tempfile.mkdtemp(prefix="ship-fuzz-"))
+    try:
+        write_lines(root, lines)
+        passes = []
+        if down_first:  # through the spool: encoded, written, read back and replayed
+            passes += ship_until_settled(LogShipper(root, sink_for(proxy, data_stream, url=DOWN)))
+            assert passes[-1].pending == len(lines)
+        shipper = LogShipper(root, sink_for(proxy, data_stream))
+        passes += ship_until_settled(shipper)
+        read = sum(stats.read for stats in passes)
+        delivered = sum(stats.delivered for stats in passes)
+        rejected = sum(stats.rejected for stats in passes)
+        assert read == len(lines)
+        assert delivered + rejected + passes[-1].pending == len(lines), passes
+        entries = rejected_entries(shipper)
+        assert len(entries) == rejected and all(entry["error"] for entry in entries)
+        assert len(stored(reader, data_stream)) == delivered
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        forget(reader, data_stream)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 
@@ -363,3 +364,61 @@ def test_manifest_metrics_flatten_every_number_and_nothing_else(rows, counters, 
     reference("counters", counters)
     reference("metrics", reported)
     assert manifest_metrics(manifest) == expected
+
+
+FIRST_RUN = """
+import sys
+from pipeline.config import load_config
+from pipeline.tracking.mlflow_runs import TrackedRun
+config = load_config(None, [f"project.data_root={sys.argv[1]}", "logging.console=false"], environ={})
+run = TrackedRun.start_stage_run(config, "train", "s1")
+run.finish()
+print(run.run_id)
+"""
+
+
+@pytest.mark.slow
+def test_first_runs_started_at_once_on_a_new_store_all_get_their_run(tmp_path):
+    """Two trainings of one snapshot started at once on a new data root: the second lost its MLflow run
+    (`Online migration expected to match one row`, SQLite store). The store is now created under a lock."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "data"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MLFLOW_", "PRETRAIN_"))}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_RUN, str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
+    outcomes = [process.communicate(timeout=600) for process in processes]
+    for process, (_, err) in zip(processes, outcomes, strict=True):
+        assert process.returncode == 0, err[-3000:]
+    assert len({out.strip() for out, _ in outcomes}) == 4
+
+
+def test_a_tracking_failure_is_recorded_in_the_published_manifest(root, argv, unreachable_server):
+    """It was logged at ERROR while the stage carried on; nothing in the stage's result said so."""
+    code = stage_main(
+        argv("s1", "--set", f"tracking.mlflow_tracking_uri={unreachable_server}"),
+        stage="crawl",
+        description="",
+        run=publish(2, 3),
+    )
+    assert code == 0
+    config = load_config(None, [f"project.data_root={root}"], environ={})
+    tracking = DatasetRef.of(config, "crawl", "s1").manifest().tracking
+    assert tracking["error"].startswith("failed while starting the run: ") and "mlflow_run_id" not in tracking
+    assert "PRETRAIN_MLFLOW_ERROR" not in os.environ  # the stage is over
+
+
+def test_a_tracked_stage_names_its_mlflow_run_in_the_manifest(root, argv, mlflow_store, experiment):
+    stage_main(argv("s2"), stage="crawl", description="", run=publish(2, 3))
+    config = load_config(None, [f"project.data_root={root}"], environ={})
+    tracking = DatasetRef.of(config, "crawl", "s2").manifest().tracking
+    assert set(tracking) == {"mlflow_run_id"} and len(tracking["mlflow_run_id"]) == 32

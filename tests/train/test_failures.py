@@ -164,3 +164,94 @@ def test_under_torchrun_alone_the_rank_still_stops_its_agent_instead_of_a_restar
     (stopped,) = rank0_messages(tmp_path, "rank 0: PermissionError")
     assert "a restart cannot fix this" in stopped
     assert rank0_messages(tmp_path, "Traceback (most recent call last)")  # in the log, with no launcher
+
+
+def zero_bytes(path: Path, offset: int, count: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(bytes(count))
+
+
+def cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "where", "expected"),
+    [
+        # 512 bytes zeroed: still valid ids, so it trained on them and published.
+        (
+            lambda p: zero_bytes(p, 0, 512),
+            "train/shard-00000-0000.bin",
+            "does not match the tokenize manifest",
+        ),
+        # A changed .idx: ShardFormatError, and three restarts.
+        (
+            lambda p: zero_bytes(p, 40, 8),
+            "train/shard-00001-0000.idx",
+            "does not match the tokenize manifest",
+        ),
+    ],
+)
+def test_a_damaged_token_shard_fails_the_training_once_naming_the_file(tmp_path, damage, where, expected):
+    config = train_config(tmp_path / "data", "train.nproc_per_node=2", "train.max_restarts=3")
+    tokens = write_token_corpus(config, SNAPSHOT)
+    damage(tokens.path / where)
+    path = write_config(config, tmp_path / "config.yaml")
+
+    launcher = start(pretrain_train(path, SNAPSHOT, "train.run_id=damaged"))
+    output = finish(launcher, expect_success=False)
+
+    assert launcher.returncode == EXIT_NOT_RETRIED, output[-5000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: rank ") and "DamagedInputError" in last and expected in last, last
+    assert str(tokens.path / where) in last and "not retried" in last and "expected sha256" in last
+    assert "Traceback" not in output
+    (failures,) = (tmp_path / "data" / "_runs").glob(f"*/train-{SNAPSHOT}-damaged-failures")
+    assert {record.attempt for record in read_failures(failures)} == {0}  # one attempt of the four allowed
+    assert not DatasetRef.of(config, "train", SNAPSHOT, run="damaged").is_complete()
+
+
+@pytest.mark.slow
+def test_a_token_id_beyond_the_vocabulary_fails_once_before_the_first_step(tmp_path):
+    """It used to end in `IndexError: index out of range in self` inside the model, after 3 restarts,
+    90 s and 241 lines. Here the manifest (as its producer could have written it) names a smaller
+    vocabulary than the ids in the shards."""
+    from pipeline.core.manifest import write_published
+
+    config = train_config(tmp_path / "data", "train.nproc_per_node=2", "train.max_restarts=3")
+    tokens = write_token_corpus(config, SNAPSHOT)
+    manifest = tokens.manifest()
+    manifest.extra["vocab_size"] = 200  # the corpus' tokenizer has 320 ids
+    write_published(tokens.path, manifest)
+    path = write_config(config, tmp_path / "config.yaml")
+
+    launcher = start(pretrain_train(path, SNAPSHOT, "train.run_id=vocab"))
+    output = finish(launcher, expect_success=False)
+
+    assert launcher.returncode == EXIT_NOT_RETRIED, output[-5000:]
+    last = output.strip().splitlines()[-1]
+    assert "is outside the vocabulary of 200 ids" in last and "not retried" in last, last
+    (failures,) = (tmp_path / "data" / "_runs").glob(f"*/train-{SNAPSHOT}-vocab-failures")
+    assert {record.attempt for record in read_failures(failures)} == {0}
+    assert not rank0_messages(tmp_path, "step ")  # no step ran
+
+
+@pytest.mark.slow
+def test_a_manifest_cut_in_half_is_one_line_before_torchrun_starts(tmp_path):
+    """A JSONDecodeError used to go through 3 restarts."""
+    config = train_config(tmp_path / "data", "train.nproc_per_node=2", "train.max_restarts=3")
+    tokens = write_token_corpus(config, SNAPSHOT)
+    cut_in_half(tokens.path / "manifest.json")
+    path = write_config(config, tmp_path / "config.yaml")
+
+    launcher = start(pretrain_train(path, SNAPSHOT))
+    output = finish(launcher, expect_success=False)
+
+    assert launcher.returncode == EXIT_NOT_RETRIED, output[-5000:]
+    assert output.strip().splitlines()[-1] == output.strip().splitlines()[-1].split("\n")[0]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("error: ") and str(tokens.path / "manifest.json") in last, output[-3000:]
+    assert "does not match its _SUCCESS" in last and f"pretrain tokenize --snapshot {SNAPSHOT}" in last
+    assert "Traceback" not in output and not list((tmp_path / "data" / "_runs").glob("*/train-*-failures"))

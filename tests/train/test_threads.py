@@ -90,7 +90,10 @@ def test_the_stage_launches_torchrun_with_that_environment(tmp_path, cores, monk
         launched.update(command=command, env=env)
 
     monkeypatch.setattr(launch, "run_streaming", fake_run_streaming)
-    monkeypatch.setattr(DatasetRef, "manifest", lambda self: None)
+    real_manifest = DatasetRef.manifest  # the fake torchrun published no training output
+    monkeypatch.setattr(
+        DatasetRef, "manifest", lambda self: None if self.stage == "train" else real_manifest(self)
+    )
     launch.run(
         config, [DatasetRef.of(config, "tokenize", SNAPSHOT)], DatasetRef.of(config, "train", SNAPSHOT)
     )

@@ -1,0 +1,55 @@
+"""JSON from untrusted lines (log files, JSONL corpora), parsed with its nesting bounded.
+
+``json.loads`` recurses once per level: a line holding an array nested 200,000 deep raises RecursionError
+(not ValueError), and whatever walks the result afterwards (a repair, ``json.dumps``, a client's
+serializer) recurses too. ``loads_bounded`` measures the nesting first, in one pass over the brackets
+outside strings, and refuses a line deeper than its limit with ``JsonTooDeep``, a ValueError like every
+other malformed line, so callers handle both with one ``except ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_JSON_DEPTH = 64  # deeper than any log line or document record needs
+
+_STRING = {
+    str: re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL),
+    bytes: re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL),
+}
+_BRACKET = {str: re.compile(r"[\[\]{}]"), bytes: re.compile(rb"[\[\]{}]")}
+_OPENING = {"[", "{", ord("["), ord("{"), b"[", b"{"}
+
+
+class JsonTooDeep(ValueError):
+    """A JSON text nested deeper than the limit."""
+
+
+def json_depth_exceeds(text: str | bytes, limit: int) -> int | None:
+    """The nesting depth at which ``text`` first goes past ``limit`` (limit + 1), or None if it never does.
+
+    Brackets inside strings do not count. Cheap for ordinary lines: unless the line holds more than
+    ``limit`` opening brackets in all, nothing is scanned.
+    """
+    kind = type(text)
+    opening = text.count("[" if kind is str else b"[") + text.count("{" if kind is str else b"{")
+    if opening <= limit:
+        return None
+    depth = 0
+    for match in _BRACKET[kind].finditer(_STRING[kind].sub("" if kind is str else b"", text)):
+        if match.group(0) in _OPENING:
+            depth += 1
+            if depth > limit:
+                return depth
+        else:
+            depth -= 1
+    return None
+
+
+def loads_bounded(text: str | bytes, max_depth: int = MAX_JSON_DEPTH, **options: Any) -> Any:
+    """``json.loads(text, **options)``, refusing (JsonTooDeep) a text nested more than ``max_depth`` deep."""
+    if json_depth_exceeds(text, max_depth) is not None:
+        raise JsonTooDeep(f"JSON nested more than {max_depth} levels deep")
+    return json.loads(text, **options)
