@@ -64,7 +64,7 @@ def comparable(manifest: Manifest) -> dict:
     return data
 
 
-def spark_submit(cluster, stage: str, snapshot: str, config_file: Path) -> None:
+def spark_submit(cluster, stage: str, snapshot: str, config_file: Path, *arguments: str) -> None:
     """The command each stage's __main__ documents, against the cluster's master."""
     command = [
         str(Path(sys.executable).parent / "spark-submit"),
@@ -72,6 +72,7 @@ def spark_submit(cluster, stage: str, snapshot: str, config_file: Path) -> None:
         *(arg for key, value in LOOPBACK_DRIVER.items() for arg in ("--conf", f"{key}={value}")),
         stage_application(stage),
         *("--snapshot", snapshot, "--config", str(config_file)),
+        *arguments,
     ]
     lines: list[str] = []
     try:
@@ -105,7 +106,9 @@ def test_clean_dedup_and_tokenize_on_a_standalone_cluster_match_local_mode(clust
         stage="dedup", snapshot="cluster", config_path=str(config_file), overrides=[], conf=LOOPBACK_DRIVER
     )
     assert operator.execute({}) == str(ref("dedup", "cluster").path)
-    spark_submit(cluster, "tokenize", "cluster", config_file)
+    # As locally: tokenize reads dedup's documents (the classify and decontaminate stages between them pass
+    # a default run's documents through unchanged; tests/classify and tests/decontaminate cover them).
+    spark_submit(cluster, "tokenize", "cluster", config_file, "--input-stage", "dedup")
 
     # They ran on the cluster, one app per stage (named by its session), with an executor on each worker.
     apps = {app["name"]: app for app in cluster.state()["completedapps"]}
