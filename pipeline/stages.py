@@ -122,7 +122,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("dedup",),
         runner="spark",
         group="corpus",
-        help="train a byte-level BPE and encode the finished documents into token shards",
+        help="encode the finished documents into token shards with the corpus's shared tokenizer",
         sections={"tokenizer": TokenizerConfig, "tokenize": TokenizeConfig},
     ),
     Stage(
