@@ -131,3 +131,17 @@ def complete_snapshots(root: str, corpus: str, stage: str) -> list[str]:
         for name in snapshot_folders(root, corpus, stage)
         if DatasetRef(root, corpus, stage, name).is_complete()
     ]
+
+
+def as_selection(value: object) -> object:
+    """A selection as config files write it, back to names: YAML reads ``2026-11-29`` as a date and
+    ``20261129`` as a number, and both are snapshot names here."""
+    import datetime
+
+    if isinstance(value, list | tuple):
+        return [as_selection(item) for item in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value

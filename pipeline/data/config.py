@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import Section
-from pipeline.core.snapshots import SnapshotSelection
+from pipeline.core.snapshots import SnapshotSelection, as_selection
 
 CORPUS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # project.corpus's
 
@@ -31,6 +31,11 @@ class MixtureSource(Section):
         description="how logs and per-source metrics name it; default the corpus (corpus:snapshots when the "
         "corpus is in the mixture twice)",
     )
+
+    @field_validator("snapshots", mode="before")
+    @classmethod
+    def _names(cls, snapshots: object) -> object:
+        return as_selection(snapshots)
 
     @field_validator("snapshots")
     @classmethod
