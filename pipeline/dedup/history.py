@@ -68,6 +68,7 @@ MATCHES_SCHEMA = pa.schema(
     ]
 )
 PAIR_SEPARATOR = "/"  # "<snapshot>/<id>": snapshot names hold no "/"
+BROADCAST_ROWS = 4_000_000  # this snapshot's keys (x bands) up to this many rows are sent to every task
 
 
 def keys_settings(hasher: MinHasher, dedup: DedupConfig) -> dict[str, Any]:
@@ -148,18 +149,14 @@ def load_history(
     names = selected_history(output.root, output.corpus, output.snapshot, against, input_stage, output.stage)
     history = History(None, None, names)
     keys, texts = [], []
+    stored_keys, stored_texts = [], []
     for name in names:
         stored = DatasetRef(output.root, output.corpus, output.stage, name)
         if _stored_keys_usable(stored, settings):
             history.stored.append(name)
-            keys.append(spark.read.parquet(str(stored.path / KEYS)))
+            stored_keys.append(str(stored.path / KEYS))
             # A snapshot's own survivors are its kept documents plus those it dropped as earlier duplicates.
-            for part in ("documents", "excluded"):
-                texts.append(
-                    spark.read.parquet(str(stored.path / part)).select(
-                        F.lit(name).alias("snapshot"), "id", "text"
-                    )
-                )
+            stored_texts += [str(stored.path / "documents"), str(stored.path / "excluded")]
             continue
         source = DatasetRef(output.root, output.corpus, input_stage, name)
         log.warning(
@@ -174,6 +171,14 @@ def load_history(
         history.to_release.append(computed)
         keys.append(computed)
         texts.append(documents.select(F.lit(name).alias("snapshot"), "id", "text"))
+    if stored_keys:
+        # One scan over every stored snapshot (the keys name their snapshot), not one per snapshot.
+        keys.append(spark.read.parquet(*stored_keys).select(*KEYS_SCHEMA.names))
+        # documents/ and excluded/ differ in columns; id and text are in both, and the snapshot is in the path.
+        snapshot = F.regexp_extract(
+            F.col("_metadata.file_path"), r"/([^/]+)/(?:documents|excluded)/[^/]*$", 1
+        )
+        texts.append(spark.read.parquet(*stored_texts).select(snapshot.alias("snapshot"), "id", "text"))
     if keys:
         history.keys = reduce(lambda a, b: a.unionByName(b), keys)
         history.texts = reduce(lambda a, b: a.unionByName(b), texts).where(F.col("text").isNotNull())
@@ -181,7 +186,7 @@ def load_history(
 
 
 def _similarities(
-    pairs: DataFrame, texts: DataFrame, history_texts: DataFrame, hasher: MinHasher
+    pairs: DataFrame, texts: DataFrame, history_texts: DataFrame, hasher: MinHasher, small: Callable
 ) -> DataFrame:
     """(id, earlier_snapshot, earlier_id, similarity): the exact Jaccard of each candidate pair's texts."""
     from pyspark.sql import functions as F
@@ -192,7 +197,7 @@ def _similarities(
     wanted = pairs.select(
         F.col("earlier_snapshot").alias("snapshot"), F.col("earlier_id").alias("id")
     ).distinct()
-    history_texts = history_texts.join(wanted, ["snapshot", "id"], "left_semi")
+    history_texts = history_texts.join(small(wanted), ["snapshot", "id"], "left_semi")
     with_texts = (
         pairs.join(texts.select(F.col("id"), F.col("text").alias("src_text")), "id")
         .join(
@@ -248,24 +253,32 @@ def earlier_duplicates(
     past = history.keys.select(
         F.col("snapshot").alias("earlier_snapshot"), F.col("id").alias("earlier_id"), "exact_key", "band_keys"
     )
+    own_rows = own.count()
+    # The history is scanned once and filtered by what this snapshot holds (broadcast when it is small
+    # enough), so only colliding keys are shuffled, however long the history.
+    rows = own_rows * (hasher.bands if dedup.near else 1)
+    small = F.broadcast if rows <= BROADCAST_ROWS else (lambda frame: frame)
     matches = empty
     if dedup.exact:
+        wanted = small(own.select("exact_key").distinct())
         exact_pairs = own.select("id", "exact_key").join(
-            past.select("earlier_snapshot", "earlier_id", "exact_key"), "exact_key"
+            past.select("earlier_snapshot", "earlier_id", "exact_key").join(wanted, "exact_key", "left_semi"),
+            "exact_key",
         )
         matches = first_match(exact_pairs.withColumn("similarity", F.lit(1.0)), "exact").persist()
     candidates = None
     if dedup.near:
         remaining = own.join(matches.select("id"), "id", "left_anti").where(F.col("band_keys").isNotNull())
+        own_buckets = remaining.select("id", F.posexplode("band_keys").alias("band", "bucket"))
         heads = (
             past.where(F.col("band_keys").isNotNull())
             .select("earlier_snapshot", "earlier_id", F.posexplode("band_keys").alias("band", "bucket"))
+            .join(small(own_buckets.select("band", "bucket").distinct()), ["band", "bucket"], "left_semi")
             .groupBy("band", "bucket")
             .agg(F.min(F.struct("earlier_snapshot", "earlier_id")).alias("head"))
         )
         candidates = (
-            remaining.select("id", F.posexplode("band_keys").alias("band", "bucket"))
-            .join(heads, ["band", "bucket"])
+            own_buckets.join(heads, ["band", "bucket"])
             .select(
                 "id",
                 F.col("head.earlier_snapshot").alias("earlier_snapshot"),
@@ -275,7 +288,7 @@ def earlier_duplicates(
             .persist()
         )
         if dedup.verify:
-            scored = _similarities(candidates, texts, history.texts, hasher)
+            scored = _similarities(candidates, texts, history.texts, hasher, small)
             verified = scored.where(F.col("similarity") >= dedup.threshold)
         else:
             verified = candidates.withColumn("similarity", F.lit(None).cast("double"))

@@ -497,12 +497,12 @@ def drop_earlier_duplicates(
     clock: StepClock,
     decisions: DataFrame,
     docs: DataFrame,
-    own_keys: Path,
+    folder: Path,
     hashed,
-) -> tuple[DataFrame, DataFrame, dict]:
-    """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, the matches, counts):
-    the documents this snapshot keeps on its own (``own_keys``) against the earlier snapshots
-    ``dedup.against`` names (pipeline.dedup.history)."""
+) -> tuple[DataFrame, int, dict]:
+    """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, matches written, counts):
+    the documents this snapshot keeps on its own (``folder``/keys) against the earlier snapshots
+    ``dedup.against`` names (pipeline.dedup.history); the matches go to ``folder``/earlier_duplicates."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -529,17 +529,26 @@ def drop_earlier_duplicates(
         log.info("dedup.against %s: no earlier snapshot of %s", dedup.against, output.corpus)
         none = F.lit(None).cast("string")
         matches = spark.createDataFrame([], spark_schema(MATCHES_SCHEMA))
+        written = write_parquet(matches, folder / EARLIER, files, known_rows=0)
         counters = {"against": dedup.against, "snapshots": [], "stored": [], "computed": []}
-        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), matches, counters
+        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, counters
     matches, counters = earlier_duplicates(
-        spark.read.parquet(str(own_keys)),
+        spark.read.parquet(str(folder / KEYS)),
         docs.where(F.col("text").isNotNull()).select("id", "text"),
         history,
         hasher,
         dedup,
     )
+    # Written, then read back: the decisions that follow carry a file scan, not the history's whole plan
+    # (whose text alone outgrew the driver's heap when later joins repeated it).
+    written = write_parquet(matches, folder / EARLIER, files)
+    matches.unpersist()
     updated = (
-        decisions.join(matches.select("id", "earlier_snapshot", "earlier_id"), "id", "left")
+        decisions.join(
+            spark.read.parquet(str(folder / EARLIER)).select("id", "earlier_snapshot", "earlier_id"),
+            "id",
+            "left",
+        )
         .select(
             "id",
             F.when(F.col("earlier_id").isNotNull(), F.lit(EARLIER_DUPLICATE))
@@ -573,7 +582,7 @@ def drop_earlier_duplicates(
         counters["exact_matches"],
         counters["near_matches"],
     )
-    return updated, matches, counters
+    return updated, written, counters
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
@@ -610,11 +619,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         rows = {}
         earlier_columns: list[str] = []
         if dedup.against is not None:
-            decisions, matches, counters["history"] = drop_earlier_duplicates(
-                config, output, clean.stage, hasher, clock, decisions, docs, out.path / KEYS, hashed
+            decisions, rows[EARLIER], counters["history"] = drop_earlier_duplicates(
+                config, output, clean.stage, hasher, clock, decisions, docs, out.path, hashed
             )
-            rows[EARLIER] = write_parquet(matches, out.path / EARLIER, files)
-            matches.unpersist()
             earlier_columns = ["earlier_snapshot", "earlier_id"]
         counters["hashed_documents"] = hashed.value
 
