@@ -9,11 +9,11 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test test-fast lint format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster
+.PHONY: demo test test-fast lint typecheck format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
-	@echo "make test   lint, then run the test suite"
+	@echo "make test   lint and type-check, then run the test suite"
 	@echo "make test-fast  lint, then the tests not marked slow (no Spark, Scrapy crawl, torchrun, Airflow, nvcc, servers)"
 	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
 	@echo "make spark-cluster  start a Spark standalone master + 2 workers on 127.0.0.1 to submit stages to"
@@ -88,7 +88,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: $(STAMP) check-java lint
+# The type checker over pipeline/ and operators/ (its settings: [mypy] in setup.cfg).
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) check-java lint typecheck
 	$(BIN)/python -m pytest
 
 # The tests not marked slow (setup.cfg): nothing that starts Spark, a Scrapy crawl, torchrun, Airflow, nvcc or an

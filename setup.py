@@ -13,6 +13,7 @@ Works with ``pip install --no-build-isolation -e .`` (pybind11 must then be inst
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 try:
     from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
@@ -135,6 +137,40 @@ class BuildExt(build_ext):
             return list(pool.map(compile_one, sources))
 
 
+BUILD_INFO = "pipeline/core/build_info.json"  # read by pipeline.core.lineage.code_version outside a checkout
+
+
+def git_revision() -> str | None:
+    """The checkout's commit (with -dirty when tracked files changed), or None outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+class BuildPy(build_py):
+    """Records the git revision the package was built from in the built package (never in the source tree),
+    so an installed wheel still names its code in every manifest."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # an editable install reads git from its checkout
+            return
+        target = Path(self.build_lib) / BUILD_INFO
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({"git_revision": git_revision()}) + "\n")
+
+
 def extension() -> Pybind11Extension:
     nvcc = find_nvcc()
     with_cuda = build_cuda_wanted(nvcc)
@@ -161,4 +197,4 @@ def extension() -> Pybind11Extension:
 
 
 ParallelCompile("PRETRAIN_BUILD_JOBS").install()
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

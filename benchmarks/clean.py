@@ -20,7 +20,13 @@ repetitive pages, short pages, bullet lists, code, mojibake, PII, junk, German/F
 Reported: documents per second (wall clock) for each and their ratio; CPU seconds of each process tree and
 documents per CPU second (which, unlike wall clock, do not depend on what else the machine is running);
 and the share of documents on which both make the same keep/drop decision, with every disagreement listed by
-(our rule, datatrove's reason). Ours runs once untimed on 500 other documents first (JIT and Python worker
+(our rule, datatrove's reason).
+
+``--unicode-form NFKC`` runs ours with ``clean.unicode_form=NFKC`` (default: NFC), and ``--datatrove-text
+ftfy`` gives datatrove the text as FineWeb keeps it (datatrove's ``FTFYFormatter``: ftfy's encoding repairs,
+no width folding, no normal form: "fix_character_width enforces the WRONG punctuation for chinese") instead of
+ours: together they measure what our normal form changes against FineWeb's (docs/clean.md). The result then
+also says how many Chinese documents the form changed. Ours runs once untimed on 500 other documents first (JIT and Python worker
 start-up, reported); datatrove's worker start-up is inside its time. The last line printed is one JSON object.
 """
 
@@ -30,6 +36,7 @@ import argparse
 import base64
 import collections
 import datetime
+import functools
 import glob
 import json
 import os
@@ -226,22 +233,40 @@ def make_document(rng: random.Random, src: Sources) -> str:
     )
 
 
-def build_corpus(count: int, seed: int, folder: Path, files: int = 16) -> tuple[Path, Path]:
-    """Write raw texts (ours) and their normalised form (datatrove) as Parquet; reused when present."""
+def datatrove_text(text: str, form: str, source: str) -> str:
+    """What datatrove reads: our normalised text (``ours``), or the text as FineWeb keeps it (``ftfy``)."""
+    from pipeline.clean.normalize import normalize_text
+
+    if source == "ftfy":
+        return _ftfy_formatter().format(text)
+    return normalize_text(text, form)
+
+
+@functools.cache
+def _ftfy_formatter():
+    """datatrove's FTFYFormatter with its defaults: encoding repairs only, no width folding, no normal form."""
+    from datatrove.pipeline.formatters import FTFYFormatter
+
+    return FTFYFormatter()
+
+
+def build_corpus(
+    count: int, seed: int, folder: Path, files: int = 16, form: str = "NFC", source: str = "ours"
+) -> tuple[Path, Path]:
+    """Write raw texts (ours) and the texts datatrove reads as Parquet; reused when present."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.clean.extract import EXTRACTED_SCHEMA
-    from pipeline.clean.normalize import normalize_text
 
-    raw_dir, normalized_dir = (
-        folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "raw",
-        folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "normalized",
+    name = f"corpus-v{CORPUS_VERSION}-{count}-{seed}" + (
+        "" if (form, source) == ("NFC", "ours") else f"-{form}-{source}"
     )
-    done = folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}" / "_DONE"
+    raw_dir, normalized_dir = folder / name / "raw", folder / name / "normalized"
+    done = folder / name / "_DONE"
     if done.exists():
         return raw_dir, normalized_dir
-    shutil.rmtree(folder / f"corpus-v{CORPUS_VERSION}-{count}-{seed}", ignore_errors=True)
+    shutil.rmtree(folder / name, ignore_errors=True)
     raw_dir.mkdir(parents=True)
     normalized_dir.mkdir(parents=True)
     sources = Sources()
@@ -261,7 +286,7 @@ def build_corpus(count: int, seed: int, folder: Path, files: int = 16) -> tuple[
         pq.write_table(
             pa.Table.from_pylist(chunk, schema=EXTRACTED_SCHEMA), raw_dir / f"part-{part:03d}.parquet"
         )
-        normalized = [{**row, "text": normalize_text(row["text"])} for row in chunk]
+        normalized = [{**row, "text": datatrove_text(row["text"], form, source)} for row in chunk]
         normalized = [row for row in normalized if row["text"]]  # datatrove skips empty texts anyway
         pq.write_table(
             pa.Table.from_pylist(normalized, schema=EXTRACTED_SCHEMA),
@@ -453,6 +478,22 @@ def compare(
     return agree / max(len(ours), 1), disagreements
 
 
+def chinese_changed_by_form(raw_dir: Path, form: str) -> dict:
+    """Of the documents mostly in Chinese characters, how many the normal form changes (against NFC, which
+    keeps them as written): NFKC turns their full-width "，" and "：" into ASCII."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    from pipeline.clean.normalize import normalize_text
+
+    han = re.compile(r"[\u4e00-\u9fff]")
+    texts = [text for text in pq.read_table(raw_dir, columns=["text"]).column("text").to_pylist() if text]
+    chinese = [text for text in texts if len(han.findall(text)) > 0.3 * len(text)]
+    changed = sum(normalize_text(text, form) != normalize_text(text, "NFC") for text in chinese)
+    return {"chinese_docs": len(chinese), "chinese_docs_changed_by_form": changed}
+
+
 def bench_config(data_root: Path, workers: int, *overrides: str):
     """The default config on ``local[workers]``, with the tests' environment setup."""
     from tests.conftest import make_config
@@ -478,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="Spark local[N] and datatrove workers")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "clean")
     parser.add_argument("--show", type=int, default=3, help="example ids shown per disagreement kind")
+    parser.add_argument(
+        "--unicode-form", choices=["NFC", "NFKC"], default="NFC", help="ours: clean.unicode_form"
+    )
+    parser.add_argument(
+        "--datatrove-text",
+        choices=["ours", "ftfy"],
+        default="ours",
+        help="datatrove reads our normalised text (default) or the text as FineWeb keeps it (ftfy)",
+    )
     args = parser.parse_args(argv)
     try:
         import datatrove  # noqa: F401
@@ -485,8 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("datatrove is missing: run `make bench-venv` and use .venv-bench/bin/python")
     count = args.docs or (5_000 if args.quick else 100_000)
 
-    config = bench_config(args.out / "data", args.workers)
-    raw_dir, normalized_dir = build_corpus(count, args.seed, args.out)
+    config = bench_config(args.out / "data", args.workers, f"clean.unicode_form={args.unicode_form}")
+    raw_dir, normalized_dir = build_corpus(
+        count, args.seed, args.out, form=args.unicode_form, source=args.datatrove_text
+    )
     # A Spark job's first run pays for JIT compilation and Python worker start-up (model loading); pay
     # them on a separate small corpus, as a long-running cluster would have, and report them.
     warm_dir, _ = build_corpus(WARM_UP_DOCS, args.seed + 1, args.out)
@@ -542,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
         "ours_warm_up_s": round(warm_up["seconds"], 1),
         "ours_warm_up_cpu_s": round(warm_up["cpu_seconds"], 1),
         "decision_agreement": round(agreement, 5),
+        "unicode_form": args.unicode_form,
+        "datatrove_text": args.datatrove_text,
+        **chinese_changed_by_form(raw_dir, args.unicode_form),
     }
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"docs_per_s_ratio_vs_datatrove": result["docs_per_s_ratio_vs_datatrove"],

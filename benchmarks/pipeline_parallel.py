@@ -50,7 +50,7 @@ GUARD_S = 600  # a hang (gloo p2p, pytorch issue 132644) kills the run instead o
 
 def state_bytes(trainer) -> int:
     """This rank's parameters plus optimizer state, in bytes (a tied matrix once per copy held)."""
-    parameters = {id(p): p for p in trainer.model.parameters()}.values()
+    parameters = {id(p): p for p in trainer.parallelism.module.parameters()}.values()
     total = sum(p.numel() * p.element_size() for p in parameters)
     for state in trainer.optimizer.state.values():
         total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
@@ -64,20 +64,19 @@ def measure(config, steps: int) -> dict:
     trainer = Trainer(config, SNAPSHOT)
     for _ in range(2):
         trainer.train_step()
-    pipeline = trainer.pipeline
-    if pipeline is not None:
-        pipeline.reset_timers()
+    parallelism = trainer.parallelism
+    parallelism.metrics()  # resets the pipeline's timers after the warm-up (collective)
     trainer.ctx.barrier()
     started = time.perf_counter()
     for _ in range(steps):
         trainer.train_step()
     trainer.ctx.barrier()
     elapsed = time.perf_counter() - started
-    bubble = pipeline.bubble_metrics() if pipeline is not None else {}
+    bubble = parallelism.metrics() if trainer.train_config.pipeline_stages > 1 else {}
     memory = trainer.ctx.gather_objects((state_bytes(trainer), psutil.Process().memory_info().rss))
     trainer.metrics.close("FINISHED")
     return {
-        "tokens_per_s": round(steps * trainer._step_tokens / elapsed, 1),
+        "tokens_per_s": round(steps * trainer.last_step.tokens / elapsed, 1),
         "bubble_theory": bubble.get("pipeline/bubble_theory"),
         "bubble_measured": bubble.get("pipeline/bubble_measured"),
         "idle_fraction_per_rank": [

@@ -88,7 +88,7 @@ for name in {TIMED!r}:
         owner = getattr(owner, part)
     if hasattr(owner, attribute):
         setattr(owner, attribute, timed(name, getattr(owner, attribute)))
-from pipeline.entrypoint import run_cli
+from pipeline.core.cli import run_cli
 from pipeline.quality.__main__ import main
 try:
     code = run_cli(main, sys.argv[1:])

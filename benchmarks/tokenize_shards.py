@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import random  # noqa: E402
 import sysconfig  # noqa: E402
 import tempfile  # noqa: E402
@@ -35,6 +36,7 @@ import time  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
 from benchmarks.clean import cpu_seconds_since, process_cpu  # noqa: E402
+from pipeline.core.progress import STEP_FIELD  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
 RAW_METHODS = ("encode_batch", "encode_batch_fast")
@@ -87,12 +89,34 @@ def raw_encode(tokenizer, texts: list[str], method: str) -> tuple[int, float, fl
     return sum(len(encoding.ids) for encoding in encodings), elapsed, cpu
 
 
+class StepMarks(logging.Handler):
+    """The CPU seconds of every process when each of the stage's steps ends (its StepClock log records)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks = {"start": process_cpu()}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        step = getattr(record, STEP_FIELD, None)
+        if step is not None:
+            self.marks[step] = process_cpu()
+
+
 def run_stage(job, config, clean, output) -> tuple:
     """(manifest, wall seconds of the whole stage, CPU seconds of its encode job, CPU seconds in all)."""
-    marks = {"start": process_cpu()}
+    listener = StepMarks()
+    stage_log = logging.getLogger(job.__name__)
+    level = stage_log.level
+    stage_log.addHandler(listener)
+    stage_log.setLevel(logging.INFO)  # the step records are INFO
     started = time.perf_counter()
-    manifest = job.run(config, [clean], output, on_step=lambda step: marks.__setitem__(step, process_cpu()))
+    try:
+        manifest = job.run(config, [clean], output)
+    finally:
+        stage_log.removeHandler(listener)
+        stage_log.setLevel(level)
     wall = time.perf_counter() - started
+    marks = listener.marks
     # Per process between the two marks (see benchmarks.clean.cpu_seconds_since for why not two totals).
     before = marks["train_tokenizer"]
     encode_cpu = sum(seconds - before.get(pid, 0.0) for pid, seconds in marks["encode"].items())

@@ -4,7 +4,7 @@ Triggered by hand (or `airflow dags trigger corpus_from_files --conf '{"snapshot
 `sources` names the files, folders, globs or URIs to read, and the other ingest settings (text, id, URL and
 metadata columns, size cap) are `ingest.*` config keys. Left empty, `sources` re-reads the files the
 snapshot's stored ingest names, so triggering a snapshot again reprocesses it with the current code and
-config. The stages after the ingest come from the stage registry (`pipeline.stages`), as in `corpus_ingest`;
+config. The stages after the ingest come from the stage registry (`pipeline.stages`), as in `corpus_crawl`;
 the last task announces the token shards, which schedules `pretrain` on them.
 """
 

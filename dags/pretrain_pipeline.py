@@ -1,7 +1,7 @@
 """The walking pipeline in one DAG: crawl, the corpus stages, the training stages; one snapshot.
 
 The demo: `make demo` runs it with `airflow dags test` on the bundled sample site. It is built from the
-same tasks as the production DAGs (`corpus_ingest`, then `pretrain` on its token shards), so the demo
+same tasks as the production DAGs (`corpus_crawl`, then `pretrain` on its token shards), so the demo
 and production run the same stages. Trigger it from the UI with a snapshot name, a config file and overrides.
 """
 
@@ -28,7 +28,7 @@ from operators.tasks import corpus_stages, stage_tasks, training_stages
 )
 def pretrain_pipeline():
     crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge
-    # The data stages (the reports on the corpus are corpus_ingest's), then training on this machine.
+    # The data stages (the reports on the corpus are corpus_crawl's), then training on this machine.
     stages = [*corpus_stages(reports=False), *training_stages()]
     stage_tasks(stages, after=crawl, torchrun={"launcher": "local"})
 

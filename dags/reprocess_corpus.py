@@ -8,7 +8,7 @@ and config rewrites identical bytes and a half-finished run is never visible.
 
 Run it with `airflow backfill create --dag-id reprocess_corpus --from-date 2026-03-01 --to-date 2026-03-07`
 or the UI's backfill form. It has a daily schedule only so that backfills can address dates (Airflow needs
-one, and runs backfills only for unpaused DAGs); its scheduled runs skip themselves, since corpus_ingest
+one, and runs backfills only for unpaused DAGs); its scheduled runs skip themselves, since corpus_crawl
 already processes each new day.
 """
 
@@ -24,7 +24,7 @@ from pipeline.config import load_config
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import CORPUS_SOURCES, stage
 
-STAGES = corpus_stages(reports=False)  # backfills re-make the data; the reports on it are corpus_ingest's
+STAGES = corpus_stages(reports=False)  # backfills re-make the data; the reports on it are corpus_crawl's
 INGEST = stage("ingest")
 
 
@@ -55,7 +55,7 @@ def reprocess_corpus():
         if not stored:
             raise AirflowFailException(
                 f"no stored crawl or ingest for snapshot {snapshot!r} at {refs[0].path} or {refs[1].path}; "
-                "reprocess_corpus never re-crawls, so run corpus_ingest or corpus_from_files for it first"
+                "reprocess_corpus never re-crawls, so run corpus_crawl or corpus_from_files for it first"
             )
         if len(stored) > 1:
             raise AirflowFailException(

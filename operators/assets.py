@@ -1,6 +1,6 @@
 """The Asset that links corpus ingestion to training, and what its events carry.
 
-`corpus_ingest` emits an event on TOKEN_SHARDS each time it publishes a snapshot's token shards; `pretrain`
+`corpus_crawl` emits an event on TOKEN_SHARDS each time it publishes a snapshot's token shards; `pretrain`
 is scheduled on it. The event's ``extra`` names the snapshot and the config it was built with (paths and
 ids only), so the training run reads exactly those shards.
 """
@@ -59,7 +59,7 @@ def announce_token_shards(
 
     for report in report_paths:
         verdict = Manifest.read(f"{report}/{MANIFEST_NAME}").extra.get("gate")
-        if blocks_training(verdict):
+        if verdict is not None and blocks_training(verdict):
             raise AirflowSkipException(
                 f"quality gate failed for snapshot {snapshot!r} ({report}/report.html): "
                 + "; ".join(verdict["failures"])

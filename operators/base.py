@@ -47,6 +47,13 @@ class PipelineOperator(BaseOperator):
                 "turns names such as 20261201 into numbers: pass it through XCom or leave it unset"
             )
 
+    @property
+    def task_snapshot(self) -> str:
+        """The snapshot this task works on, as ``pre_execute`` settled it."""
+        if not isinstance(self.snapshot, str):
+            raise AirflowFailException(f"no snapshot settled for this task (got {self.snapshot!r})")
+        return self.snapshot
+
     def override_list(self) -> list[str]:
         """Rendered templates are strings unless the DAG renders native objects; accept both."""
         if isinstance(self.overrides, str):
@@ -57,7 +64,7 @@ class PipelineOperator(BaseOperator):
         return load_config(self.config_path or None, [*self.override_list(), *extra_overrides])
 
     def cli_arguments(self) -> list[str]:
-        args = ["--snapshot", self.snapshot]
+        args = ["--snapshot", self.task_snapshot]
         if self.config_path:
             args += ["--config", self.config_path]
         for override in self.override_list():

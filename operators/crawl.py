@@ -12,7 +12,7 @@ from pipeline.core.storage import DatasetRef
 class CrawlOperator(PipelineStageOperator):
     """Crawl one snapshot (or shard ``shard`` of it, or merge its shards) and return the folder published.
 
-    `corpus_ingest` maps one task per shard id (``CrawlOperator.partial(...).expand(shard=ids)``), each
+    `corpus_crawl` maps one task per shard id (``CrawlOperator.partial(...).expand(shard=ids)``), each
     publishing ``crawl-shards/<snapshot>.shard-I-of-N/``, then one ``merge=True`` task publishes
     ``crawl/<snapshot>/``. Every task reads N from the same config (``crawl.num_shards``). A retried shard
     task resumes its shard's crawl.
@@ -40,5 +40,5 @@ class CrawlOperator(PipelineStageOperator):
         if self.shard is not None:
             from pipeline.crawl.sharding import shard_ref
 
-            return shard_ref(config, self.snapshot, int(self.shard))
+            return shard_ref(config, self.task_snapshot, int(self.shard))
         return super().output_ref(config)

@@ -118,7 +118,7 @@ class LocalDefaultSparkSubmitHook(SparkSubmitHook):
                 **self._conf,
             }
 
-    def get_connection(self, conn_id: str) -> Connection:
+    def get_connection(self, conn_id: str) -> Connection:  # type: ignore[override]  # needs its master
         try:
             return super().get_connection(conn_id)
         except AirflowNotFoundException:
@@ -175,13 +175,13 @@ class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
             **(self.conf or {}),
         }
         self.env_vars = {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python, **(self.env_vars or {})}
-        self.name = f"pretrain-{self.stage}-{self.snapshot}"
+        self.name = f"pretrain-{self.stage}-{self.task_snapshot}"
         return config
 
-    def execute(self, context) -> str:
+    def execute(self, context) -> str:  # type: ignore[override]  # the output path, for XCom
         config = self.prepare_submit()
         super().execute(context)
-        return str(DatasetRef.of(config, self.stage, self.snapshot).require().path)
+        return str(DatasetRef.of(config, self.stage, self.task_snapshot).require().path)
 
     def _get_hook(self) -> SparkSubmitHook:
         return LocalDefaultSparkSubmitHook(

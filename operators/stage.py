@@ -31,7 +31,7 @@ class PipelineStageOperator(PipelineOperator):
 
     def output_ref(self, config: PipelineConfig) -> DatasetRef:
         """The output this task publishes, whose path it returns."""
-        return DatasetRef.of(config, self.stage, self.snapshot)
+        return DatasetRef.of(config, self.stage, self.task_snapshot)
 
     def execute(self, context) -> str:
         config = self.resolved_config()

@@ -2,7 +2,7 @@
 
 The DAGs say which part of the pipeline they run (the corpus stages after a crawl or an ingest, the
 training stages, or both); the registry (``pipeline.stages``) says which stages those are, what each reads
-and how it runs. So a stage added to the registry joins `corpus_ingest`, `corpus_from_files`,
+and how it runs. So a stage added to the registry joins `corpus_crawl`, `corpus_from_files`,
 `reprocess_corpus`, `pretrain` and the demo `pretrain_pipeline` with no change here or in a DAG file.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators.pytorch_job import PyTorchJobOperator
 from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
+from operators.train_operator import TrainOperator
 from pipeline.config import PipelineConfig
 from pipeline.stages import CORPUS_SOURCES, STAGES, Stage, downstream, group
 
@@ -51,7 +51,7 @@ def stage_task(stage: Stage, *, input_stage: str | None = None, **kwargs: Any) -
     if stage.runner == "spark":
         return PipelineSparkSubmitOperator(stage=stage.name, input_stage=input_stage, **kwargs)
     if stage.runner == "torchrun":
-        return PyTorchJobOperator(task_id=stage.name, input_stage=input_stage, **kwargs)
+        return TrainOperator(task_id=stage.name, input_stage=input_stage, **kwargs)
     return PipelineStageOperator(stage=stage.name, **kwargs)
 
 
@@ -133,4 +133,5 @@ def publish_token_shards(tasks: Mapping[str, BaseOperator]):
             report_paths=report_paths,
         )
 
-    return announce(tasks[training_input().name].output, report_outputs(tasks))
+    # Airflow passes the upstream tasks' XCom values at run time.
+    return announce(tasks[training_input().name].output, report_outputs(tasks))  # type: ignore[arg-type]

@@ -1,44 +1,170 @@
-"""Turn a `pretrain` DAG run's form (Params) and triggering asset event into one resolved config file.
+"""The `pretrain` DAG's form, declared once, and how a run's form and triggering asset event become one
+resolved config file.
 
-The train and report tasks then both read that file, so they agree on every value, and the file is the
-record of what this run trained with. XCom carries only its path and the snapshot name.
+``TRAINING_FORM`` is the form: each field's name, title and section, and the config key it sets. The Params
+the DAG shows are built from it (``form_params``): a field's type, bounds, enum and default description come
+from the config key's own declaration, so the form offers exactly what the config accepts. The train and report
+tasks then both read the one resolved file, so they agree on every value, and the file is the record of what
+this run trained with. XCom carries only its path and the snapshot name.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PipelineConfig, load_config
+from annotated_types import Ge, Gt
+
+from pipeline.config import PipelineConfig, config_key, key_choices, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import MissingInputError, local_path
 from pipeline.stages import training_input
 
-# form field -> config key; a field left empty (None) keeps the config's value
-PARAM_KEYS = {
-    "preset": "model.preset",
-    "steps": "train.steps",
-    "nodes": "train.nnodes",
-    "processes_per_node": "train.nproc_per_node",
-    "precision": "train.precision",
-    "pipeline_stages": "train.pipeline_stages",
-    "microbatches": "train.microbatches",
-    "pipeline_schedule": "train.pipeline_schedule",
-    "stages_per_rank": "train.stages_per_rank",
-    "mlflow_experiment": "tracking.experiment",
-}
+LAUNCHERS = ("local", "kubernetes")  # the training operator's: torchrun on the worker, or a Kubeflow job
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One field of the `pretrain` form. With a ``key`` it sets that config key, its Param built from the key's
+    declaration (left empty, the config's value stands); without one, ``param`` is the Param's own schema."""
+
+    name: str
+    title: str
+    section: str
+    key: str | None = None
+    description: str = ""  # default: the config key's own description
+    param: dict[str, Any] = field(default_factory=dict)
+
+
+TRAINING_FORM: tuple[FormField, ...] = (
+    FormField("preset", "Model preset", "Model", "model.preset", "Named model size."),
+    FormField("precision", "Precision", "Model", "train.precision"),
+    FormField("steps", "Training steps", "Training", "train.steps", "Optimizer steps."),
+    FormField(
+        "launcher",
+        "Launcher",
+        "Training",
+        description="local: torchrun on the Airflow worker. kubernetes: a Kubeflow Trainer v2 TrainJob (or a v1 "
+        "PyTorchJob, by the pretrain_kubernetes Variable's api).",
+        param={"default": "local", "type": "string", "enum": list(LAUNCHERS)},
+    ),
+    FormField("nodes", "Nodes", "Training", "train.nnodes", "Machines (Kubernetes pods)."),
+    FormField(
+        "processes_per_node",
+        "Processes per node",
+        "Training",
+        "train.nproc_per_node",
+        "torchrun processes per node, usually one per GPU.",
+    ),
+    FormField(
+        "pipeline_stages",
+        "Pipeline stages",
+        "Parallelism",
+        "train.pipeline_stages",
+        "Ranks the model is cut into by layers (pp; the other ranks are data parallel).",
+    ),
+    FormField(
+        "microbatches",
+        "Micro-batches",
+        "Parallelism",
+        "train.microbatches",
+        "Micro-batches per step through the pipeline.",
+    ),
+    FormField("pipeline_schedule", "Pipeline schedule", "Parallelism", "train.pipeline_schedule"),
+    FormField(
+        "stages_per_rank",
+        "Stages per rank",
+        "Parallelism",
+        "train.stages_per_rank",
+        "Virtual stages per rank (interleaved_1f1b needs 2 or more).",
+    ),
+    FormField(
+        "mlflow_experiment",
+        "MLflow experiment",
+        "Tracking",
+        "tracking.experiment",
+        "Experiment to record the run in (default pretrain-<corpus>-<preset>).",
+    ),
+    FormField(
+        "snapshot",
+        "Snapshot",
+        "Data and config",
+        description="Token shards to train on; empty means the triggering event's, else the newest.",
+        param={"default": None, "type": ["null", "string"]},
+    ),
+    FormField(
+        "config_path",
+        "Config file",
+        "Data and config",
+        description="YAML config file; empty means the corpus's config, else built-in defaults.",
+        param={"default": None, "type": ["null", "string"]},
+    ),
+    FormField(
+        "overrides",
+        "Config overrides",
+        "Data and config",
+        description="One key=value per line, e.g. train.lr=0.001.",
+        param={"default": [], "type": ["null", "array"], "items": {"type": "string"}},
+    ),
+)
 CONFIG_FILE = "pretrain-config.yaml"
+
+_JSON_TYPES: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def key_schema(key: str) -> dict[str, Any]:
+    """A nullable JSON-schema of one config key, from its declaration: type, enum, lower bound."""
+    declared = config_key(key)
+    choices = key_choices(key)
+    if choices is not None:
+        kinds = sorted({_JSON_TYPES[type(choice)] for choice in choices})
+        return {"type": ["null", *kinds], "enum": [None, *choices]}
+    kinds = [arg for arg in (declared.annotation, *getattr(declared.annotation, "__args__", ())) if arg]
+    (kind,) = {_JSON_TYPES[arg] for arg in kinds if arg in _JSON_TYPES}
+    schema: dict[str, Any] = {"type": ["null", kind]}
+    for bound in declared.metadata:
+        if isinstance(bound, Gt) and kind == "integer":
+            schema["minimum"] = int(bound.gt) + 1  # type: ignore[call-overload]  # an int bound on an int key
+        elif isinstance(bound, Ge):
+            schema["minimum"] = bound.ge
+    return schema
+
+
+def form_params() -> dict[str, dict[str, Any]]:
+    """Each form field's Param arguments (``Param(**arguments)``), in form order."""
+    params = {}
+    for entry in TRAINING_FORM:
+        if entry.key is None:
+            params[entry.name] = {
+                **entry.param,
+                "title": entry.title,
+                "description": entry.description,
+                "section": entry.section,
+            }
+            continue
+        declared = (config_key(entry.key).description or "").rstrip(".")
+        description = entry.description or f"{declared[:1].upper()}{declared[1:]}."
+        params[entry.name] = {
+            "default": None,
+            **key_schema(entry.key),
+            "title": entry.title,
+            "description": f"{description} Empty keeps the config's {entry.key}.",
+            "section": entry.section,
+        }
+    return params
 
 
 def param_overrides(params: Mapping[str, Any]) -> list[str]:
+    """The config overrides of a run's filled-in form fields; a field left empty keeps the config's value."""
     return [
-        f"{key}={params[name]}"
-        for name, key in PARAM_KEYS.items()
-        if params.get(name) is not None and params.get(name) != ""
+        f"{entry.key}={params[entry.name]}"
+        for entry in TRAINING_FORM
+        if entry.key is not None and params.get(entry.name) is not None and params.get(entry.name) != ""
     ]
 
 
@@ -52,7 +178,7 @@ def latest_snapshot(config: PipelineConfig, stage: str) -> str:
     ]
     if not manifests:
         raise MissingInputError(
-            f"no complete {stage} snapshot under {folder}; run corpus_ingest first or give a snapshot"
+            f"no complete {stage} snapshot under {folder}; run corpus_crawl first or give a snapshot"
         )
     return max(manifests, key=lambda manifest: (manifest.created_at, manifest.snapshot)).snapshot
 

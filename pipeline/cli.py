@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv[:1])  # prints the usage error and exits 2
     module_name, _ = COMMANDS[argv[0]]
     module = importlib.import_module(module_name)
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     return run_cli(module.main, argv[1:])
 

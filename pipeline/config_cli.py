@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.entrypoint import resolve, run_cli, stage_parser
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import resolve, stage_parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,6 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     raise SystemExit(run_cli(main))

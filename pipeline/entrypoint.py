@@ -8,18 +8,15 @@ config is resolved and validated before any work starts, and the run is recorded
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
-from pipeline.core.config import ConfigError
-from pipeline.core.locks import OutputBusyError, OutputLock
+from pipeline.core.locks import OutputLock
 from pipeline.core.logs import setup_logging
-from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, validate_snapshot
+from pipeline.core.storage import DatasetRef, validate_snapshot
 from pipeline.stages import stage as registered_stage
 
 
@@ -144,18 +141,3 @@ def stage_main(
             tracking.record(manifest)
     print(manifest.path)
     return 0
-
-
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Turn expected failures into one clear line and exit status 2 instead of a traceback."""
-    try:
-        code = main(argv)
-        sys.stdout.flush()  # a reader that went away (`pretrain config | head`) shows here, not at exit
-        return code
-    except (ConfigError, MissingInputError, StageFailure, OutputBusyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        # As a Unix tool does: stop quietly; what is still buffered goes nowhere.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE

@@ -1,7 +1,8 @@
 """The stage registry: every stage of the pipeline, declared once, in pipeline order.
 
 A stage reads the outputs of the stages it names in ``reads`` under ``<data_root>/<corpus>/<stage>/<snapshot>/``
-(``.../<snapshot>/<run>/`` for the per-run training stages) and writes its own. Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
+(``.../<snapshot>/<run>/`` for the per-run training stages) and writes its own. It imports no stage package (its config sections are named by where they live), so anything may read it.
+Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
 subcommands, each ``python -m pipeline.<package>`` entrypoint (its default inputs), the config tree (each
 stage's sections), the Airflow operators (how a stage runs) and the DAGs (which tasks, in which order).
 Adding a stage is one entry below.
@@ -13,20 +14,6 @@ import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
-
-from pipeline.clean.config import CleanConfig
-from pipeline.core.config import Section
-from pipeline.crawl.config import CrawlConfig
-from pipeline.data.config import DataConfig
-from pipeline.dedup.config import DedupConfig
-from pipeline.evaluate.config import EvaluateConfig
-from pipeline.export.config import ExportConfig
-from pipeline.ingest.config import IngestConfig
-from pipeline.model.section import ModelSection
-from pipeline.quality.config import QualityConfig
-from pipeline.tokenization.config import TokenizeConfig, TokenizerConfig
-from pipeline.tracking.config import TrackingConfig
-from pipeline.train.config import DistributedConfig, TrainConfig
 
 Runner = Literal["python", "spark", "torchrun"]
 Group = Literal["corpus", "training"]
@@ -41,10 +28,12 @@ class Stage:
     reads: tuple[str, ...]  # stages whose outputs (same snapshot) it reads, the first one by default
     runner: Runner  # python: a process of its own; spark: a Spark application; torchrun: distributed training
     group: (
-        Group  # corpus: made from a crawl (corpus_ingest) or files (corpus_from_files); training: by pretrain
+        Group  # corpus: made from a crawl (corpus_crawl) or files (corpus_from_files); training: by pretrain
     )
     help: str
-    sections: Mapping[str, type[Section]] = field(default_factory=dict)  # config sections it owns
+    # The config sections it owns, by where their classes live ("package.module:Class"): the registry names
+    # them without importing any stage package; pipeline.config imports them to assemble the tree.
+    sections: Mapping[str, str] = field(default_factory=dict)
     report: bool = False  # read by people, not by a later stage: backfills and the demo leave it out
     # One output per training run, <stage>/<snapshot>/<run>/ with a `latest` pointer, named by train.run_id;
     # so a second training of a snapshot (and its report) never replaces the first.
@@ -76,7 +65,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="corpus",
         help="crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
-        sections={"crawl": CrawlConfig},
+        sections={"crawl": "pipeline.crawl.config:CrawlConfig"},
     ),
     Stage(
         name="ingest",
@@ -85,7 +74,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: existing corpora (WARC/WET, JSONL, Parquet, Arrow) into clean's input; then clean --input-stage ingest",
-        sections={"ingest": IngestConfig},
+        sections={"ingest": "pipeline.ingest.config:IngestConfig"},
     ),
     Stage(
         name="clean",
@@ -94,7 +83,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: extract main text, normalise, language id, FineWeb-recipe filters, PII redaction",
-        sections={"clean": CleanConfig},
+        sections={"clean": "pipeline.clean.config:CleanConfig"},
     ),
     Stage(
         name="dedup",
@@ -103,27 +92,59 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: URL, exact and MinHash-LSH near-duplicate removal",
-        sections={"dedup": DedupConfig},
+        sections={"dedup": "pipeline.dedup.config:DedupConfig"},
+    ),
+    Stage(
+        name="train_classifier",
+        package="pipeline.classify.training",
+        reads=(),
+        runner="spark",
+        group="corpus",
+        help="Spark + fastText: train a quality classifier from reference text against a corpus sample "
+        "(or labelled scores); --snapshot names the model",
+        sections={"classifier": "pipeline.classify.config:ClassifierTrainingConfig"},
+        artifacts=("model.bin", "model.json", "metrics.json", "plots"),
+    ),
+    Stage(
+        name="classify",
+        package="pipeline.classify",
+        reads=("dedup",),
+        runner="spark",
+        group="corpus",
+        help="Spark: a score column per classifier (any fastText .bin, or a trained one), keep a threshold or top fraction",
+        sections={"classify": "pipeline.classify.config:ClassifyConfig"},
+    ),
+    Stage(
+        name="decontaminate",
+        package="pipeline.decontaminate",
+        reads=("classify",),
+        runner="spark",
+        group="corpus",
+        help="Spark: drop (or cut) documents sharing a 13-gram with evaluation sets (held-out, lm-eval, files)",
+        sections={"decontaminate": "pipeline.decontaminate.config:DecontaminateConfig"},
     ),
     Stage(
         name="quality",
         package="pipeline.quality",
-        reads=("dedup",),
+        reads=("decontaminate",),
         runner="spark",
         group="corpus",
         help="data-quality report on the finished documents: report.html, metrics.json, plots",
-        sections={"quality": QualityConfig},
+        sections={"quality": "pipeline.quality.config:QualityConfig"},
         report=True,
         artifacts=("report.html", "metrics.json", "plots"),
     ),
     Stage(
         name="tokenize",
         package="pipeline.tokenization",
-        reads=("dedup",),
+        reads=("decontaminate",),
         runner="spark",
         group="corpus",
         help="encode the finished documents into token shards with the corpus's shared tokenizer",
-        sections={"tokenizer": TokenizerConfig, "tokenize": TokenizeConfig},
+        sections={
+            "tokenizer": "pipeline.tokenization.config:TokenizerConfig",
+            "tokenize": "pipeline.tokenization.config:TokenizeConfig",
+        },
     ),
     Stage(
         name="train",
@@ -134,10 +155,10 @@ STAGES: tuple[Stage, ...] = (
         help="train the model on token shards with torchrun (DDP / ZeRO-1); launches torchrun for you",
         per_run=True,
         sections={
-            "data": DataConfig,
-            "model": ModelSection,
-            "train": TrainConfig,
-            "distributed": DistributedConfig,
+            "data": "pipeline.data.config:DataConfig",
+            "model": "pipeline.model.section:ModelSection",
+            "train": "pipeline.train.config:TrainConfig",
+            "distributed": "pipeline.train.config:DistributedConfig",
         },
     ),
     Stage(
@@ -148,7 +169,7 @@ STAGES: tuple[Stage, ...] = (
         group="training",
         help="the trained model as a Hugging Face folder (safetensors, config, tokenizer, model card)",
         per_run=True,
-        sections={"export": ExportConfig},
+        sections={"export": "pipeline.export.config:ExportConfig"},
     ),
     Stage(
         name="evaluate",
@@ -158,7 +179,7 @@ STAGES: tuple[Stage, ...] = (
         group="training",
         help="held-out loss by host and language, greedy continuations, lm-evaluation-harness on the export",
         per_run=True,
-        sections={"evaluate": EvaluateConfig},
+        sections={"evaluate": "pipeline.evaluate.config:EvaluateConfig"},
     ),
     Stage(
         name="report",
@@ -168,7 +189,7 @@ STAGES: tuple[Stage, ...] = (
         group="training",
         help="complete the training run in MLflow (metrics, plots, samples) and register the exported model",
         per_run=True,
-        sections={"tracking": TrackingConfig},
+        sections={"tracking": "pipeline.tracking.config:TrackingConfig"},
     ),
 )
 
@@ -201,9 +222,9 @@ def stage(name: str) -> Stage:
         raise ValueError(f"unknown stage {name!r}; the stages are {[s.name for s in STAGES]}") from None
 
 
-def config_sections() -> dict[str, type[Section]]:
-    """Every stage's config sections, in pipeline order; each section has one owner."""
-    sections: dict[str, type[Section]] = {}
+def config_sections() -> dict[str, str]:
+    """Every stage's config sections (name -> "module:Class"), in pipeline order; each section has one owner."""
+    sections: dict[str, str] = {}
     for entry in STAGES:
         for name, section in entry.sections.items():
             if name in sections:
@@ -229,6 +250,6 @@ def group(name: Group, *, reports: bool = True) -> list[Stage]:
 
 
 def training_input() -> Stage:
-    """The corpus stage whose output training reads: the token shards corpus_ingest announces."""
-    first_training = group("training")[0]
-    return stage(first_training.default_input)
+    """The corpus stage whose output training reads: the token shards corpus_crawl announces."""
+    (name, *_) = group("training")[0].reads
+    return stage(name)

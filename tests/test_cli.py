@@ -59,7 +59,9 @@ def test_a_missing_input_fails_at_once_before_spark_or_mlflow_start(tmp_path):
         text=True,
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines()[-1].startswith("error: no complete dedup output for snapshot 'nope'")
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: no complete decontaminate output for snapshot 'nope'"
+    )
     assert "Traceback" not in result.stderr
     assert not (root / "mlflow.db").exists() and not (root / "_runs").exists()
 

@@ -1,6 +1,6 @@
 """The whole pipeline through the production DAGs, with Airflow's own dag.test() on the bundled tiny site.
 
-`corpus_ingest` crawls (one mapped task per crawl shard, then the merge), cleans, deduplicates, reports on
+`corpus_crawl` crawls (one mapped task per crawl shard, then the merge), cleans, deduplicates, reports on
 quality and tokenizes (Spark stages through spark-submit), and announces the token
 shards on the `token_shards` Asset; `pretrain` then trains on that snapshot with the typed form's values
 (torchrun, 2 processes) and records the run in MLflow.
@@ -15,7 +15,7 @@ from tests.conftest import make_config
 
 
 @pytest.mark.slow
-def test_corpus_ingest_then_pretrain_end_to_end(airflow_db, tmp_path):
+def test_corpus_crawl_then_pretrain_end_to_end(airflow_db, tmp_path):
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
@@ -27,7 +27,7 @@ def test_corpus_ingest_then_pretrain_end_to_end(airflow_db, tmp_path):
     overrides = [f"project.data_root={data_root}", "spark.shuffle_partitions=4", "train.checkpoint_every=8"]
     dags = DagBag(str(DAGS_FOLDER)).dags
 
-    ingest = dags["corpus_ingest"].test(
+    ingest = dags["corpus_crawl"].test(
         run_conf={"snapshot": "e2e", "config_path": "", "overrides": overrides}
     )
     assert ingest.state == "success"
@@ -38,14 +38,22 @@ def test_corpus_ingest_then_pretrain_end_to_end(airflow_db, tmp_path):
     assert crawl.counters["fetched"] >= 15
     assert clean.rows["documents"] >= 10
     assert 0 < dedup.rows["documents"] <= clean.rows["documents"]
-    assert [i["stage"] for i in tokenize.inputs] == ["dedup"]  # tokenize reads the deduplicated documents
+    # tokenize reads the deduplicated, classified and decontaminated documents
+    assert [i["stage"] for i in tokenize.inputs] == ["decontaminate"]
     assert tokenize.counters["tokens"]["train"] > 1000
     assert crawl.extra["shards"] and crawl.inputs[0]["stage"] == "crawl-shards"  # mapped shards, then merge
+    # Nothing configured: classify and decontaminate pass dedup's documents through, the same files.
+    classify, decontaminate = (
+        DatasetRef.of(config, s, "e2e").manifest() for s in ("classify", "decontaminate")
+    )
+    assert classify.rows["documents"] == decontaminate.rows["documents"] == dedup.rows["documents"]
+    documents = {k: v.sha256 for k, v in dedup.files.items() if k.startswith("documents/")}
+    assert {k: v.sha256 for k, v in decontaminate.files.items() if k.startswith("documents/")} == documents
     quality = DatasetRef.of(config, "quality", "e2e").manifest()
-    assert quality.inputs[0]["digest"] == dedup.digest
+    assert quality.inputs[0]["digest"] == decontaminate.digest
     # Lineage reaches manifests written under spark-submit too.
     assert clean.lineage == {
-        "dag_id": "corpus_ingest",
+        "dag_id": "corpus_crawl",
         "run_id": ingest.run_id,
         "task_id": "clean",
         "try_number": 1,

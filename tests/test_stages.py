@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from pipeline.cli import COMMANDS, TOOLS, main
-from pipeline.config import PipelineConfig
+from pipeline.config import SECTIONS, PipelineConfig
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import STAGES, Stage, _checked, config_sections, downstream, stage
 from tests.conftest import PROJECT_ROOT, make_config
@@ -52,8 +52,9 @@ def test_each_entrypoint_defaults_to_the_inputs_the_registry_declares(entry, cap
 
 def test_each_stage_owns_its_config_sections_and_the_tree_holds_them_all():
     fields = PipelineConfig.model_fields
-    for name, section in config_sections().items():
-        assert fields[name].annotation is section
+    for name, where in config_sections().items():
+        section = SECTIONS[name]
+        assert fields[name].annotation is section and f"{section.__module__}:{section.__name__}" == where
         assert not section.__module__.startswith("pipeline.core"), name  # core holds only shared sections
     assert set(fields) == {"project", "spark", "logging", *config_sections()}
 
@@ -70,6 +71,8 @@ def test_the_registry_refuses_a_stage_that_reads_one_declared_after_it():
 
 def test_downstream_follows_reads_transitively():
     assert [entry.name for entry in downstream("dedup")] == [
+        "classify",
+        "decontaminate",
         "quality",
         "tokenize",
         "train",
@@ -108,8 +111,9 @@ def manifest_inputs(config, name, snapshot):
 
 @pytest.mark.slow
 def test_stages_run_by_hand_in_readme_order_read_the_deduplicated_documents(sample_corpus, tmp_path, capsys):
-    """README: clean; dedup; quality; tokenize. Quality and tokenize must read dedup's output, not clean's
-    (they used to default to clean's, so a corpus was tokenized without deduplication, silently)."""
+    """README: clean; dedup; classify; decontaminate; quality; tokenize. Quality and tokenize must read the
+    filtered, deduplicated documents, not clean's (they used to default to clean's, so a corpus was tokenized
+    without deduplication, silently)."""
     fixture_config, fixture_snapshot = sample_corpus
     root = tmp_path / "data"
     for name in ("crawl", "clean"):
@@ -124,11 +128,13 @@ def test_stages_run_by_hand_in_readme_order_read_the_deduplicated_documents(samp
         "--set",
         "logging.console=false",
     ]
-    for name in ("dedup", "quality", "tokenize"):
+    for name in ("dedup", "classify", "decontaminate", "quality", "tokenize"):
         assert main([name, *argv]) == 0, name
     dedup = DatasetRef.of(config, "dedup", fixture_snapshot)
-    assert manifest_inputs(config, "quality", fixture_snapshot) == [("dedup", str(dedup.path))]
-    assert manifest_inputs(config, "tokenize", fixture_snapshot) == [("dedup", str(dedup.path))]
+    filtered = DatasetRef.of(config, "decontaminate", fixture_snapshot)
+    assert manifest_inputs(config, "classify", fixture_snapshot) == [("dedup", str(dedup.path))]
+    assert manifest_inputs(config, "quality", fixture_snapshot) == [("decontaminate", str(filtered.path))]
+    assert manifest_inputs(config, "tokenize", fixture_snapshot) == [("decontaminate", str(filtered.path))]
     tokens = DatasetRef.of(config, "tokenize", fixture_snapshot).manifest().rows
     kept = dedup.manifest().rows["documents"]
     assert tokens["train_documents"] + tokens["validation_documents"] == kept

@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from operators.kubeflow.manifest import KubernetesJobSettings
+from operators.kubeflow.job_parts import KubernetesJobSettings
 from operators.kubeflow.trainjob import render_job
 from pipeline.core.lineage import Lineage
 from pipeline.entrypoint import add_input_stage_argument, resolve, stage_parser
@@ -55,6 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     raise SystemExit(run_cli(main))

@@ -1,6 +1,6 @@
 """Render and validate a Kubeflow Trainer v2 ``TrainJob`` (``trainer.kubeflow.org/v1alpha1``) for one training run.
 
-The TrainJob references the ClusterTrainingRuntime ``docker/k8s/torch-distributed-runtime.yaml`` (kubernetes
+The TrainJob references the ClusterTrainingRuntime ``resources/torch-distributed-runtime.yaml`` of this package (kubernetes
 setting ``runtime_name``), which holds what the Trainer lets only a runtime say (the JobSet's failure policy,
 the node Job's restart rules, the image pull policy). The job itself says what varies per run, in the two
 places Trainer v2.2+ lets it: ``spec.trainer`` (image, command, environment, nodes, processes per node,
@@ -20,14 +20,10 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from operators.kubeflow.api import TRAINER_V2
-from operators.kubeflow.manifest import (
-    K8S_DIR,
+from operators.kubeflow.job_parts import (
     InvalidManifestError,
     KubernetesJobSettings,
     check_data_root,
@@ -41,16 +37,17 @@ from operators.kubeflow.manifest import (
     job_metadata,
     node_resources,
     pod_errors,
-    render_pytorch_job,
+    resource_documents,
     scheduling,
 )
+from operators.kubeflow.pytorchjob_v1 import render_pytorch_job
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.stages import stage as registered_stage
 
-TRAINJOB_CRD = K8S_DIR / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
-RUNTIME_CRD = K8S_DIR / "crds" / "trainer.kubeflow.org_clustertrainingruntimes.yaml"
-RUNTIME_PATH = K8S_DIR / "torch-distributed-runtime.yaml"
+TRAINJOB_CRD = "trainer.kubeflow.org_trainjobs.yaml"  # files of resources/ (package data)
+RUNTIME_CRD = "trainer.kubeflow.org_clustertrainingruntimes.yaml"
+RUNTIME_FILE = "torch-distributed-runtime.yaml"
 NODE_JOB = "node"  # the runtime's replicated job and container that the trainer fills in
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 PATCH_MANAGER = "pretrain.dev/airflow"
@@ -120,7 +117,7 @@ def render_train_job(
     lineage: Lineage | None = None,
 ) -> dict[str, Any]:
     """The TrainJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot."""
-    input_stage = input_stage or registered_stage("train").default_input
+    input_stage = input_stage or registered_stage("train").reads[0]
     settings = settings or KubernetesJobSettings()
     lineage = lineage or Lineage()
     check_data_root(config)
@@ -215,8 +212,9 @@ def render_job(
 
 
 @functools.cache
-def shipped_runtime(path: Path = RUNTIME_PATH) -> dict[str, Any]:
-    (runtime,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+def shipped_runtime() -> dict[str, Any]:
+    """The ClusterTrainingRuntime this package ships (``resources/torch-distributed-runtime.yaml``)."""
+    (runtime,) = resource_documents(RUNTIME_FILE)
     return runtime
 
 

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pipeline.clean.url_filter import UrlFilterConfig
 from pipeline.core.config import Section
 
 
@@ -113,6 +114,11 @@ class CleanConfig(Section):
     recipe: Literal["fineweb", "fineweb_strict"] = Field(
         "fineweb", description="named filter settings (RECIPES); explicit clean.* keys override them"
     )
+    unicode_form: Literal["NFC", "NFKC"] = Field(
+        "NFC",
+        description="Unicode normal form of the kept text: NFC keeps it as written (as FineWeb does); NFKC also "
+        "folds full-width punctuation, ligatures and the like into ASCII (docs/clean.md)",
+    )
     min_chars: int = Field(100, ge=0, description="shorter (normalised) texts are dropped before the filters")
     max_chars: int = Field(1_000_000, gt=0, description="longer raw texts are quarantined before any work")
     languages: list[str] = Field(["en"], min_length=1, description="language codes kept (py3langid labels)")
@@ -136,6 +142,11 @@ class CleanConfig(Section):
         description="per language, filter fields that replace the defaults above: {zh: {c4: {...}}}",
     )
     pii: PiiConfig = Field(default_factory=PiiConfig)
+    url_filter: UrlFilterConfig = Field(
+        default_factory=UrlFilterConfig,
+        description="URL blocklists (UT1 layout or plain), banned and soft-banned URL words, allow-lists; "
+        "checked before a page is extracted (none ship: name your lists)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -191,21 +191,31 @@ def extract_page(payload: bytes, content_type: str | None, url: str | None) -> E
     return ExtractedPage(text, None if text else "no_main_text", decoded.charset, decoded.fix)
 
 
-def extract_batches(batches: Iterator[pa.RecordBatch], crawl_root: str) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: fetch-index rows in, one extracted document (or a drop reason) per row out."""
+def extract_batches(
+    batches: Iterator[pa.RecordBatch], crawl_root: str, url_filter=None
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: fetch-index rows in, one extracted document (or a drop reason) per row out.
+
+    ``url_filter`` (a broadcast ``pipeline.clean.url_filter.UrlFilter``) is checked first: a blocked page is
+    not read at all, its reason is the URL rule's."""
     root = Path(crawl_root)
+    checker = url_filter.value if url_filter is not None else None
     for batch in batches:
         out = {name: [] for name in EXTRACTED_SCHEMA.names}
         for row in batch.to_pylist():
             text, reason, charset, fix = None, None, None, None
-            try:
-                if row["warc_file"] is None:
-                    raise FileNotFoundError("the crawl stored no response for this row")
-                payload = read_warc_payload(root / row["warc_file"], row["warc_offset"])
-                page = extract_page(payload, row["content_type"], row["url"])
-                text, reason, charset, fix = page.text, page.reason, page.charset, page.fix
-            except Exception as exc:  # one bad record must not fail the partition
-                reason = f"extract_error:{type(exc).__name__}"
+            blocked = checker.check(row["url"]) if checker is not None else None
+            if blocked is not None:
+                reason = blocked[1][:500]
+            else:
+                try:
+                    if row["warc_file"] is None:
+                        raise FileNotFoundError("the crawl stored no response for this row")
+                    payload = read_warc_payload(root / row["warc_file"], row["warc_offset"])
+                    page = extract_page(payload, row["content_type"], row["url"])
+                    text, reason, charset, fix = page.text, page.reason, page.charset, page.fix
+                except Exception as exc:  # one bad record must not fail the partition
+                    reason = f"extract_error:{type(exc).__name__}"
             out["id"].append(row["id"])
             out["url"].append(row["url"])
             out["domain"].append(row["domain"])

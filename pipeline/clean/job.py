@@ -31,6 +31,7 @@ from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
 from pipeline.clean.filters.rules import per_language_sql, sql_literal
 from pipeline.clean.language import identify_language
 from pipeline.clean.normalize import decode_utf8, normalize_text
+from pipeline.clean.url_filter import URL_MARKED_FIELDS, UrlFilter, mark_batches
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
@@ -88,7 +89,7 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
             lang = score = signals = c4_text = None
             if rules[row] is None and text is not None:
                 try:
-                    text = normalize_text(text)
+                    text = normalize_text(text, config.unicode_form)
                     if text:
                         lang, score = identify_language(text, config.langid_max_chars, config.language_groups)
                     if (
@@ -155,7 +156,11 @@ def clean_documents(extracted: DataFrame, config: PipelineConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     clean = config.clean
-    upstream = F.concat(F.lit("extract."), F.regexp_extract("drop_reason", r"^[a-z_]+", 0))
+    # The URL filter's reasons name their own rule (url.domain:adult, ...); the extractor's get "extract.".
+    upstream = F.when(
+        F.col("drop_reason").startswith("url."),
+        F.regexp_extract("drop_reason", r"^url\.[a-z_]+(:[A-Za-z0-9_.-]+)?", 0),
+    ).otherwise(F.concat(F.lit("extract."), F.regexp_extract("drop_reason", r"^[a-z_]+", 0)))
     too_long = F.length("text") > clean.max_chars
     marked = extracted.withColumn(
         "drop_rule",
@@ -275,11 +280,28 @@ def write_outputs(decided: DataFrame, path, num_files: int, counters: dict | Non
     )
 
 
-def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineConfig) -> DataFrame:
+def url_marked(documents: DataFrame, url_filter) -> DataFrame:
+    """Documents already extracted (an ingest's), with the URL filter's reason where they had none."""
+    from pyspark.sql import functions as F
+
+    marked = map_in_arrow(
+        documents,
+        lambda batches: mark_batches(batches, url_filter),
+        spark_schema(pa.schema([*EXTRACTED_SCHEMA, *URL_MARKED_FIELDS])),
+    )
+    return marked.withColumn("drop_reason", F.coalesce("drop_reason", "url_reason")).select(
+        *EXTRACTED_SCHEMA.names
+    )
+
+
+def extracted_pages(
+    spark: SparkSession, source: DatasetRef, config: PipelineConfig, url_filter=None
+) -> DataFrame:
     """The input's documents in EXTRACTED_SCHEMA, by what the input holds.
 
     A crawl (a fetch ``index/`` pointing into WARC files) is extracted here; an ingest already holds
-    ``documents/`` in EXTRACTED_SCHEMA (pipeline.ingest), which are read as they are.
+    ``documents/`` in EXTRACTED_SCHEMA (pipeline.ingest), which are read as they are. ``url_filter`` (a
+    broadcast UrlFilter) marks blocked URLs first; a crawl's blocked pages are never read or extracted.
     """
     from pyspark.sql import functions as F
 
@@ -289,7 +311,7 @@ def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineCon
         # costs more than it balances.
         if documents.rdd.getNumPartitions() < config.spark.shuffle_partitions:
             documents = documents.repartition(config.spark.shuffle_partitions, "id")
-        return documents
+        return documents if url_filter is None else url_marked(documents, url_filter)
     index = spark.read.parquet(str(source.path / "index"))
     pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
     # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
@@ -297,7 +319,7 @@ def extracted_pages(spark: SparkSession, source: DatasetRef, config: PipelineCon
     crawl_root = str(source.path)
     return map_in_arrow(
         pages.select("id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"),
-        lambda batches: extract_batches(batches, crawl_root),
+        lambda batches: extract_batches(batches, crawl_root, url_filter),
         spark_schema(EXTRACTED_SCHEMA),
     )
 
@@ -306,7 +328,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     (source,) = inputs  # a crawl, or an ingest (`--input-stage ingest`)
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"clean-{output.corpus}-{output.snapshot}")
-        extracted = extracted_pages(spark, source, config)
+        url_filter = UrlFilter.from_config(config.clean.url_filter)
+        shared = spark.sparkContext.broadcast(url_filter) if url_filter is not None else None
+        extracted = extracted_pages(spark, source, config, shared)
         decided = clean_documents(extracted, config).cache()
         try:
             counters = clean_counters(decided)
@@ -323,4 +347,5 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         return out.commit(
             rows={"documents": counters["kept"], "excluded": counters["input_pages"] - counters["kept"]},
             counters=counters,
+            extra={"url_filter": url_filter.sizes} if url_filter is not None else None,
         )

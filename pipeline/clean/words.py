@@ -18,9 +18,9 @@ import re
 import unicodedata
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
+from importlib import resources
 
-RULES_FILE = Path(__file__).with_name("data") / "spacy_en_tokenizer.json"
+RULES_FILE = resources.files("pipeline.clean") / "data" / "spacy_en_tokenizer.json"  # package data
 _WHITESPACE_RUNS = re.compile(r"(\s+)")
 # Languages written without spaces between words, segmented with jieba.
 SEGMENTED_LANGUAGES = frozenset({"zh"})

@@ -30,7 +30,7 @@ DEFAULT_DATA_ROOT = "data"  # relative: the current directory's ./data
 
 # ``Field(..., json_schema_extra=NAMES_OUTPUT)``: a key that names where an output goes, not how it is made;
 # the config hash leaves it out.
-NAMES_OUTPUT = {"names_output": True}
+NAMES_OUTPUT: dict[str, Any] = {"names_output": True}
 
 
 class ConfigError(ValueError):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 from pipeline.core.config import PROJECT_ROOT
@@ -63,25 +65,44 @@ def _process_start_stamp() -> str:
     return os.environ["PRETRAIN_RUN_ID"]
 
 
-@functools.cache
-def code_version(project_root: Path = PROJECT_ROOT) -> str:
-    """The git commit of the code (with -dirty when modified), or the package version outside git."""
+BUILD_INFO = "build_info.json"  # in this package, written by setup.py when a wheel is built
+
+
+def _git_revision(checkout: Path) -> str | None:
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=project_root, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=project_root,
+            cwd=checkout,
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        from importlib.metadata import PackageNotFoundError, version
+        return None
+    return commit + ("-dirty" if dirty else "")
 
-        try:
-            return "pretrain-pipeline==" + version("pretrain-pipeline")
-        except PackageNotFoundError:
-            return "unknown"
+
+@functools.cache
+def code_version(project_root: Path = PROJECT_ROOT) -> str:
+    """What code made an output: the checkout's git commit (with -dirty when modified) when the code runs from a
+    checkout; an installed wheel's, the revision recorded when it was built, with its version; else the
+    installed distribution's version."""
+    if (project_root / ".git").exists():  # not git's search upwards: a venv inside a checkout is no checkout
+        revision = _git_revision(project_root)
+        if revision:
+            return revision
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = "pretrain-pipeline==" + version("pretrain-pipeline")
+    except PackageNotFoundError:
+        installed = "unknown"
+    info = resources.files("pipeline.core") / BUILD_INFO
+    if info.is_file():
+        revision = json.loads(info.read_text()).get("git_revision")
+        if revision:
+            return f"{revision} ({installed})"
+    return installed

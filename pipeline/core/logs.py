@@ -26,7 +26,7 @@ class _ContextFilter(logging.Filter):
 
     def __init__(self, component: str, lineage: Lineage, rank: int | None) -> None:
         super().__init__()
-        self.fields = {
+        self.fields: dict[str, str | int] = {
             "service.name": SERVICE_NAME,
             "event.dataset": f"pretrain.{component}",
             "labels.component": component,

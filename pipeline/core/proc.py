@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from pipeline.core.locks import child_lock_environment, held_lock_fds
 
@@ -105,7 +106,7 @@ def run_streaming(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     on_line: Callable[[str], None] | None = None,
-    logger: logging.Logger | None = None,
+    logger: Any = None,  # a logging.Logger, or anything with its log() and info(): Airflow's task logger
     on_start: Callable[[subprocess.Popen], None] | None = None,
     check: bool = True,
     die_with_parent: int | None = None,

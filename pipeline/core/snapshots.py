@@ -56,14 +56,13 @@ class SnapshotSelection:
                 raise ValueError(f"snapshots {spec!r}: last:N needs a whole number N >= 1")
             return cls("last", count=int(count))
         if RANGE_SEPARATOR in text:
-            first, _, last = text.partition(RANGE_SEPARATOR)
-            first, last = first or None, last or None
-            for bound in (first, last):
-                if bound is not None:
+            start, _, end = text.partition(RANGE_SEPARATOR)
+            for bound in (start, end):
+                if bound:
                     _check_name(bound, spec)
-            if first is not None and last is not None and first > last:
-                raise ValueError(f"snapshots {spec!r}: the range is empty ({first!r} sorts after {last!r})")
-            return cls("range", first=first, last=last)
+            if start and end and start > end:
+                raise ValueError(f"snapshots {spec!r}: the range is empty ({start!r} sorts after {end!r})")
+            return cls("range", first=start or None, last=end or None)
         if any(character in text for character in GLOB_CHARACTERS):
             return cls("glob", names=(text,))
         _check_name(text, spec)

@@ -1,10 +1,20 @@
-"""One way to get a SparkSession and one way to write a dataset, for every Spark stage."""
+"""One way to get a SparkSession and one way to write a dataset, for every Spark stage.
+
+A session started here logs like the rest of the pipeline: the JVM's warnings and errors on stderr without its
+start-up notices (``log4j2.properties`` beside this module, package data), and, when stderr is not a terminal
+(a task log, a file), no console progress bar: the running stages' task counts come as log lines instead.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,14 +31,23 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# Lines the JVM prints at start that tell a stage's reader nothing (Spark adds the module to every JVM).
+JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+PROGRESS_INTERVAL_S = 15.0
+
+
 def spark_session(config: CoreConfig, app_name: str) -> SparkSession:
     # Workers must run this interpreter, or they miss pyarrow and our package.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    terminal = sys.stderr.isatty()
     builder = SparkSession.builder.appName(app_name)
+    java_options = [f"-Dlog4j2.configurationFile={resources.files('pipeline.core') / 'log4j2.properties'}"]
     if not launched_by_spark_submit():
+        # The driver binds 127.0.0.1: say so, instead of Spark warning that the hostname is a loopback address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (
             builder.master(config.spark.master)
             .config("spark.driver.memory", config.spark.driver_memory)
@@ -37,6 +56,7 @@ def spark_session(config: CoreConfig, app_name: str) -> SparkSession:
             .config("spark.ui.enabled", "false")
         )
     settings = {
+        "spark.ui.showConsoleProgress": "true" if terminal else "false",
         "spark.sql.shuffle.partitions": str(config.spark.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -47,11 +67,70 @@ def spark_session(config: CoreConfig, app_name: str) -> SparkSession:
         "spark.sql.parquet.compression.codec": "zstd",
     }
     settings.update(config.spark.extra_conf)
+    settings["spark.driver.extraJavaOptions"] = " ".join(
+        [*java_options, settings.get("spark.driver.extraJavaOptions", "")]
+    ).strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with contextlib.nullcontext() if terminal else stderr_without(JVM_NOISE):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    if not terminal:
+        log_progress(session.sparkContext)
     return session
+
+
+@contextlib.contextmanager
+def stderr_without(noise: tuple[bytes, ...]) -> Iterator[None]:
+    """Processes started in the block (the Spark JVM) write stderr through a pipe, whose lines a thread passes
+    on to the real stderr for as long as they live, except lines starting with ``noise``."""
+    sys.stderr.flush()
+    reader, writer = os.pipe()
+    real = os.dup(2)
+    os.dup2(writer, 2)
+    os.close(writer)
+
+    def forward() -> None:
+        with os.fdopen(reader, "rb") as lines:
+            for line in lines:
+                if not line.startswith(noise):
+                    os.write(real, line)
+
+    threading.Thread(target=forward, name="jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # this process writes to its stderr again; the children keep the pipe
+
+
+def log_progress(context, interval_s: float = PROGRESS_INTERVAL_S) -> None:
+    """Log the running Spark stages' task counts every ``interval_s`` while they change, from a thread that
+    ends with the context: the console progress bar's news, as lines a task log can hold."""
+    if getattr(context, "_pipeline_progress", None) is not None:
+        return
+
+    def watch() -> None:
+        shown = None
+        while context._jsc is not None:
+            time.sleep(interval_s)
+            try:
+                tracker = context.statusTracker()
+                stages = [tracker.getStageInfo(stage) for stage in sorted(tracker.getActiveStageIds())]
+            except Exception:  # the context stopped between two looks
+                return
+            progress = [
+                f"stage {info.stageId} {info.numCompletedTasks}/{info.numTasks} tasks"
+                + (f" ({info.numFailedTasks} failed)" if info.numFailedTasks else "")
+                for info in stages
+                if info is not None
+            ]
+            if progress and progress != shown:
+                log.info("spark: %s", "; ".join(progress))
+            shown = progress
+
+    context._pipeline_progress = threading.Thread(target=watch, name="spark-progress", daemon=True)
+    context._pipeline_progress.start()
 
 
 def spark_schema(arrow_schema):

@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.lineage import Lineage, code_version
 from pipeline.core.locks import OutputLock, lock_path
-from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree
+from pipeline.core.manifest import MANIFEST_NAME, SUCCESS_NAME, Manifest, checksum_tree, sha256_file
 
 SNAPSHOT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 STAGING_PREFIX = ".staging-"
@@ -51,6 +51,13 @@ class MissingInputError(FileNotFoundError):
 class StageFailure(RuntimeError):
     """A stage ran and its result cannot be published (for example a crawl that stored no page); the
     message says why and what to change. The CLI prints it as one line."""
+
+
+class DamagedOutputError(StageFailure):
+    """A published output's file no longer matches the digest its manifest recorded (changed on disk, cut
+    short, tampered with). No retry can fix it."""
+
+    not_retried = True
 
 
 def local_path(root: str) -> Path:
@@ -147,6 +154,24 @@ class DatasetRef:
             )
         return self
 
+    def verify(self, *names: str) -> DatasetRef:
+        """Check the named files (paths relative to the output; none: every file) against the sha256 its
+        manifest recorded when it was written; raises ``DamagedOutputError`` naming the first that differs."""
+        recorded = self.manifest().files
+        for name in names or sorted(recorded):
+            entry = recorded.get(name)
+            if entry is None:
+                raise DamagedOutputError(f"{self.path / name}: not among the files {self.what} recorded")
+            path = self.path / name
+            actual = sha256_file(path) if path.is_file() else "missing"
+            if actual != entry.sha256:
+                raise DamagedOutputError(
+                    f"{path} does not match the {self.stage} manifest (sha256 {actual}, expected "
+                    f"{entry.sha256}): it changed after it was written; restore it, or make {self.what} "
+                    "again"
+                )
+        return self
+
     @property
     def what(self) -> str:
         """How messages name this output: ``train sample/2026-11-29`` (``... run lr-3e-3``)."""
@@ -165,7 +190,7 @@ class StageOutput:
         self,
         ref: DatasetRef,
         config: CoreConfig,
-        inputs: list[DatasetRef] = (),
+        inputs: Sequence[DatasetRef] = (),
         lineage: Lineage | None = None,
         resumable: bool = False,
     ) -> None:
@@ -202,7 +227,8 @@ class StageOutput:
                         f"{self.ref.stage}: output block ended without commit(); nothing was published"
                     )
         finally:
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
 
     def _remove_stale_staging(self) -> None:
         """A killed earlier attempt leaves its staging folder behind; it was never visible, so drop it."""

@@ -11,7 +11,8 @@ Sharded (one process per shard, e.g. one Airflow task each):
 
 from __future__ import annotations
 
-from pipeline.entrypoint import announce_data_root, resolve, run_cli, stage_parser, start_logging
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import announce_data_root, resolve, stage_parser, start_logging
 
 
 def main(argv: list[str] | None = None) -> int:

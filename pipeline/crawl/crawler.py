@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pipeline.core.proc import die_with_parent
 from pipeline.crawl.frontier import Frontier
@@ -73,28 +73,28 @@ class ShardLock:
     def __init__(self, job_dir: Path) -> None:
         job_dir.mkdir(parents=True, exist_ok=True)
         self.path = job_dir / LOCK_NAME
-        self.handle = None
+        self.handle: TextIO | None = None
 
     def acquire(self, wait_s: float) -> ShardLock:
-        self.handle = open(self.path, "a+")  # noqa: SIM115 - closed in release()
+        self.handle = handle = open(self.path, "a+")  # noqa: SIM115 - closed in release()
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     holder = self.path.read_text().strip() or "unknown"
-                    self.handle.close()
+                    handle.close()
                     raise RuntimeError(
                         f"another crawler (pid {holder}) is still writing {self.path.parent.parent}; "
                         "wait for it or kill it, then rerun"
                     ) from None
                 time.sleep(0.2)
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(str(os.getpid()))
-        self.handle.flush()
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
         return self
 
     def release(self) -> None:

@@ -8,9 +8,13 @@ import html
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from pathlib import Path
 
-SAMPLE_SITE = Path(__file__).resolve().parent / "sample_site"
+
+def sample_site() -> contextlib.AbstractContextManager[Path]:
+    """The bundled sample site (package data) as a folder on disk for as long as the block runs."""
+    return resources.as_file(resources.files("pipeline.crawl") / "sample_site")
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -45,8 +49,13 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def serve_folder(folder: Path = SAMPLE_SITE, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Yield the base URL (``http://127.0.0.1:<port>``) of a static server for ``folder``."""
+def serve_folder(folder: Path | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Yield the base URL (``http://127.0.0.1:<port>``) of a static server for ``folder`` (default: the bundled
+    sample site)."""
+    if folder is None:
+        with sample_site() as site, serve_folder(site, host, port) as url:
+            yield url
+        return
     if not folder.is_dir():
         raise FileNotFoundError(f"cannot serve {folder}: not a folder")
     handler = functools.partial(_QuietHandler, directory=str(folder))

@@ -8,6 +8,7 @@ as an item, so each queued URL ends as exactly one index row.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import scrapy
@@ -71,9 +72,13 @@ def failure_reason(exc: BaseException, request: scrapy.Request | None = None) ->
 
 
 class FrontierSpiderMixin:
-    """What both spiders share: requests from frontier entries, page items, failure items."""
+    """What both spiders share: requests from frontier entries, page items, failure items. Mixed into Scrapy
+    spiders, which give it ``logger`` (and the sitemap spider ``parse_sitemap``)."""
 
     session: CrawlSession
+    logger: Any
+    follow_links: bool
+    parse_sitemap: Callable[..., Any]
     link_extractor = LinkExtractor(tags=("a", "area"), attrs=("href",), deny_extensions=(), unique=True)
 
     def request_for(self, entry: Entry) -> scrapy.Request:
@@ -114,6 +119,7 @@ class FrontierSpiderMixin:
     def parse_page(self, response: Response):
         reason, links = self.inspect(response)
         entries = []
+        link_counts: dict[str, int] | None = None
         if links is not None:
             stats: Counter[str] = Counter()
             depth = response.meta["depth"] + 1
@@ -122,9 +128,9 @@ class FrontierSpiderMixin:
                 stats[why] += 1
                 if entry is not None:
                     entries.append(entry)
-            links = dict(stats)
+            link_counts = dict(stats)
         # The item (WARC + journal line) first: its flush makes the queued links durable with it.
-        yield {"kind": "page", "response": response, "failure_reason": reason, "links": links}
+        yield {"kind": "page", "response": response, "failure_reason": reason, "links": link_counts}
         for entry in entries:
             yield self.request_for(entry)
 
@@ -141,7 +147,7 @@ class FrontierSpiderMixin:
             return None, None
         try:
             robots = " ".join(response.xpath("//meta[@name='robots' or @name='ROBOTS']/@content").getall())
-            header = response.headers.get(b"X-Robots-Tag", b"").decode("latin-1")
+            header = (response.headers.get(b"X-Robots-Tag") or b"").decode("latin-1")
             if "nofollow" in f"{robots} {header}".lower():
                 return None, []
             links = self.link_extractor.extract_links(response)
@@ -159,7 +165,7 @@ class FrontierSpiderMixin:
         return None, urls
 
     def on_error(self, failure: Failure):
-        request = failure.request
+        request = failure.request  # type: ignore[attr-defined]  # Scrapy sets it on its requests' failures
         reason = failure_reason(failure.value, request)
         partial = getattr(failure.value, "response", None)
         detail = getattr(failure.value, "detail", None)  # a CrawlRefusal's text already names its reason

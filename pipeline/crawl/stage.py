@@ -27,6 +27,7 @@ from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, S
 from pipeline.crawl.crawler import JOB_DIR, LOCK_NAME, SPEC_NAME, CrawlSpec, ShardLock
 from pipeline.crawl.index import INDEX_SCHEMA, add_counts, crawl_counters, index_table, write_index
 from pipeline.crawl.journal import JournalState, read_journal
+from pipeline.crawl.safety import REFUSED_REASON
 from pipeline.crawl.sharding import shard_name, shard_of, shard_ref, split_seeds
 from pipeline.crawl.site_server import serve_folder
 from pipeline.crawl.urls import host_of, registered_domain
@@ -217,18 +218,14 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
         check_index(table, out.path)
         write_index(table, out.path / "index" / f"{name}.parquet")
         counters = {**crawl_counters(table), **_journal_counters(state), "shards": 1}
+        if hosts := refused_hosts(table):
+            counters["refused_hosts"] = hosts
         if num_shards == 1:
             check_not_empty(config, output.snapshot, counters)  # the journal stays: a rerun resumes
         attempts = [_attempt_summary(path) for path in sorted(job.glob("stats.a*.json"))]
         shutil.rmtree(job)  # the journal's content is now the index; the lock goes with it
         lock.release()
-        log.info(
-            "%s: %d pages stored of %d URLs; reasons: %s",
-            name,
-            counters["fetched"],
-            counters["requests"],
-            counters["by_reason"] or "none",
-        )
+        log.info("%s: %s", name, crawl_summary(counters, config.crawl.max_pages))
         return out.commit(
             rows={"index": counters["requests"], "pages": counters["fetched"]},
             counters=counters,
@@ -236,15 +233,46 @@ def crawl_shard(config: PipelineConfig, output: DatasetRef, shard: int = 0, num_
         )
 
 
+def crawl_summary(counters: dict[str, Any], max_pages: int) -> str:
+    """The crawl's last line: what it fetched and stored, why the rest failed, and whether the page limit cut
+    it short (the manifest alone used to say so, in its link counts)."""
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(counters["by_reason"].items()))
+    line = (
+        f"{counters['requests']} URLs requested: {counters['fetched']} pages fetched (HTTP 200), "
+        f"{counters['stored']} responses stored in WARC; failures: {reasons or 'none'}"
+    )
+    unfollowed = counters.get("links", {}).get("page_limit", 0)
+    if unfollowed:
+        line += (
+            f". The page limit was reached (crawl.max_pages={max_pages}): {unfollowed} more links were not "
+            f"followed; raise it with --set crawl.max_pages=<pages>"
+        )
+    return line
+
+
+def refused_hosts(table) -> list[str]:
+    """Hosts whose requests were refused for a private or loopback address (the index's rows)."""
+    rows = zip(table.column("url").to_pylist(), table.column("failure_reason").to_pylist(), strict=True)
+    return sorted({host_of(url) for url, reason in rows if reason == REFUSED_REASON})
+
+
 def check_not_empty(config: PipelineConfig, snapshot: str, counters: dict[str, Any]) -> None:
-    """A crawl that stored no page fails with its reasons, unless crawl.allow_empty says it may publish."""
+    """A crawl that stored no page fails with its reasons and the setting that would fix the commonest one,
+    unless crawl.allow_empty says it may publish."""
     if counters["fetched"] > 0 or config.crawl.allow_empty:
         return
     reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(counters["by_reason"].items()))
+    hosts = counters.get("refused_hosts", [])
+    if hosts:
+        advice = (
+            f"{', '.join(hosts)} resolved to a private or loopback address, which the crawl refuses unless "
+            f"allow-listed: --set crawl.allowed_private_hosts='[{', '.join(hosts)}]'"
+        )
+    else:
+        advice = "Check the seeds and the log above, or set crawl.allow_empty=true to publish an empty crawl"
     raise StageFailure(
         f"the crawl of snapshot {snapshot!r} stored no page: {counters['requests']} URL(s) tried"
-        f"{'; ' + reasons if reasons else ''}. Check the seeds and the log above, or set "
-        "crawl.allow_empty=true to publish an empty crawl"
+        f"{'; ' + reasons if reasons else ''}. {advice}"
     )
 
 
@@ -307,10 +335,10 @@ def merge_shards(config: PipelineConfig, output: DatasetRef) -> Manifest:
         index = pq.read_table(out.path / "index", schema=INDEX_SCHEMA)
         check_index(index, out.path)
         counters["per_shard"] = per_shard
+        if hosts := refused_hosts(index):
+            counters["refused_hosts"] = hosts
         check_not_empty(config, output.snapshot, counters)
-        log.info(
-            "merged %d shard(s): %d pages of %d URLs", num_shards, counters["fetched"], counters["requests"]
-        )
+        log.info("merged %d shard(s): %s", num_shards, crawl_summary(counters, config.crawl.max_pages))
         return out.commit(
             rows={"index": counters["requests"], "pages": counters["fetched"]},
             counters=counters,

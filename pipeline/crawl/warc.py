@@ -13,6 +13,7 @@ from datetime import datetime
 from http import HTTPStatus
 from io import BytesIO
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from warcio.statusandheaders import StatusAndHeaders
@@ -64,10 +65,10 @@ class WarcStore:
         self.max_bytes = max_bytes
         self.info = dict(info or {})
         self.sequence = -1
-        self.handle = None
+        self.handle: BinaryIO | None = None
         (self.output / "warc").mkdir(parents=True, exist_ok=True)
 
-    def _open_next(self) -> None:
+    def _open_next(self) -> BinaryIO:
         self.close()
         self.sequence += 1
         name = f"{self.prefix}.a{self.attempt:03d}.{self.sequence:05d}.warc.gz"
@@ -76,10 +77,12 @@ class WarcStore:
         self.handle = open(self.output / self.relative, "xb")  # noqa: SIM115 - closed in close()
         self.writer = WARCWriter(self.handle, gzip=True)
         self.writer.write_record(self.writer.create_warcinfo_record(name, self.info))
+        return self.handle
 
     def write(self, exchange: Exchange) -> WarcLocation:
-        if self.handle is None or self.handle.tell() >= self.max_bytes:
-            self._open_next()
+        handle = self.handle
+        if handle is None or handle.tell() >= self.max_bytes:
+            handle = self._open_next()
         date = exchange.fetched_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         headers = [
             (name, value) for name, value in exchange.headers if name.lower() not in _REWRITTEN_HEADERS
@@ -103,9 +106,9 @@ class WarcStore:
             http_headers=http_headers,
             warc_headers_dict=warc_headers,
         )
-        offset = self.handle.tell()
+        offset = handle.tell()
         self.writer.write_record(response)
-        length = self.handle.tell() - offset
+        length = handle.tell() - offset
 
         split = urlsplit(exchange.url)
         target = split.path or "/"
@@ -130,8 +133,8 @@ class WarcStore:
         )
         self.writer.write_record(request)
         # Flushed before the journal line that points here is written (see pipeline.crawl.journal).
-        self.handle.flush()
-        return WarcLocation(self.relative, offset, length, self.handle.tell())
+        handle.flush()
+        return WarcLocation(self.relative, offset, length, handle.tell())
 
     def close(self) -> None:
         if self.handle is not None and not self.handle.closed:

@@ -351,10 +351,8 @@ class BlendedPackedLoader(_BlendedLoader):
             window = source.window(number)
             rows[row] = source.dataset[window]
             documents[row] = source.dataset.document_ids(window)
-        tokens, documents = torch.from_numpy(rows), torch.from_numpy(documents)
-        return SourcedBatch(
-            tokens[:, :-1], tokens[:, 1:], documents[:, :-1], torch.from_numpy(owners.astype(np.int64))
-        )
+        tokens, ids = torch.from_numpy(rows), torch.from_numpy(documents)
+        return SourcedBatch(tokens[:, :-1], tokens[:, 1:], ids[:, :-1], torch.from_numpy(owners.astype(np.int64)))
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "batch_size": self.samples_per_rank}
@@ -426,10 +424,10 @@ def build_loader(
     train, data = config.train, config.data
     names, weights = mixture.names, mixture.weights
     if data.batching == "packed":
-        datasets = [PackedSequences(source.folders(), train.seq_len) for source in mixture.sources]
+        windows = [PackedSequences(source.folders(), train.seq_len) for source in mixture.sources]
         return BlendedPackedLoader(
             names,
-            datasets,
+            windows,
             weights,
             train.batch_size,
             rank=rank,
@@ -440,10 +438,10 @@ def build_loader(
         raise ValueError(
             "token_budget batching needs the tokenizer's pad id (the tokenize manifest's pad_id)"
         )
-    datasets = [DocumentSequences(source.folders(), train.seq_len) for source in mixture.sources]
+    documents = [DocumentSequences(source.folders(), train.seq_len) for source in mixture.sources]
     return BlendedTokenBudgetLoader(
         names,
-        datasets,
+        documents,
         weights,
         data.max_tokens_per_batch or train.batch_size * train.seq_len,
         pad_id=pad_id,

@@ -67,6 +67,8 @@ class SourcedBatch(Batch):
     per-source loss. It is still the three tensors of a Batch (``inputs, targets, document_ids = batch``);
     ``sources`` rides beside them."""
 
+    _row_sources: torch.Tensor
+
     def __new__(cls, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor, sources):
         batch = super().__new__(cls, inputs, targets, document_ids)
         batch._row_sources = sources

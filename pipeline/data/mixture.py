@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import ConfigError, CoreConfig
+from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.snapshots import SnapshotSelection, snapshot_folders
 from pipeline.core.storage import DatasetRef, local_path
@@ -166,8 +166,8 @@ def _check_one_tokenizer(resolved: list[tuple[str, list[DatasetRef], list[Manife
     return first[2], first[3]
 
 
-def resolve_mixture(config: CoreConfig, snapshot: str | None = None, stage: str = TOKENS_STAGE) -> Mixture:
-    """``data.mixture`` resolved against ``project.data_root`` (or, when it is not set, ``snapshot`` of
+def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKENS_STAGE) -> Mixture:
+    """``data.mixture`` of ``config`` (the pipeline's tree, ``pipeline.config.PipelineConfig``) resolved against ``project.data_root`` (or, when it is not set, ``snapshot`` of
     ``project.corpus`` alone); raises MixtureError naming the source at fault."""
     root = config.project.data_root
     declared = config.data.mixture

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.entrypoint import run_cli, stage_main
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:

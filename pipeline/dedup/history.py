@@ -288,6 +288,7 @@ def earlier_duplicates(
             .persist()
         )
         if dedup.verify:
+            assert history.texts is not None  # set with the keys
             scored = _similarities(candidates, texts, history.texts, hasher, small)
             verified = scored.where(F.col("similarity") >= dedup.threshold)
         else:
@@ -298,6 +299,7 @@ def earlier_duplicates(
         F.count(F.when(F.col("match") == "exact", 1)).alias("exact"),
         F.count(F.when(F.col("match") == "near", 1)).alias("near"),
     ).first()
+    assert stats is not None  # an aggregation without grouping has one row
     counters["exact_matches"], counters["near_matches"] = int(stats["exact"]), int(stats["near"])
     if candidates is not None:
         counters["near_candidate_pairs"] = candidates.count()  # cached by the job above

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
+from pipeline.core.progress import StepClock
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
@@ -79,20 +79,6 @@ FEATURES_SCHEMA = pa.schema(
     ]
 )
 SIMILARITY_SCHEMA = pa.schema([("src", pa.string()), ("dst", pa.string()), ("similarity", pa.float64())])
-
-
-class StepClock:
-    """Seconds per step, logged as each step ends and kept for the manifest."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def done(self, step: str, message: str = "", *args) -> None:
-        now = time.monotonic()
-        self.seconds[step] = round(now - self._last, 2)
-        self._last = now
-        log.info(f"dedup %s (%.1fs) {message}", step, self.seconds[step], *args)
 
 
 class DedupInputError(ValueError):
@@ -512,7 +498,7 @@ def drop_earlier_duplicates(
     def compute_keys(documents: DataFrame, snapshot: str) -> DataFrame:
         """The keys ``snapshot``'s own dedup run stores: its documents through the same steps."""
         _check_input(documents, dedup)
-        steps = StepClock()  # its steps' times are not this snapshot's
+        steps = StepClock(f"dedup history {snapshot}", log)  # its steps' times are not this snapshot's
         features, _, _ = document_features(documents, hasher, dedup, steps, hashed)
         theirs, _, (semantic, assignments), _ = decide(documents, features, hasher, dedup, steps, seed, files)
         computed = snapshot_keys(features, theirs, snapshot).persist(StorageLevel.MEMORY_AND_DISK)
@@ -589,7 +575,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     (clean,) = inputs
     dedup = config.dedup
     hasher = minhasher(dedup, config.project.seed)
-    clock = StepClock()
+    clock = StepClock("dedup", log)
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"dedup-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F

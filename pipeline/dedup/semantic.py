@@ -38,7 +38,7 @@ from pipeline.embeddings import embed_batches, embedded_schema
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipeline.dedup.job import StepClock
+    from pipeline.core.progress import StepClock
 
 log = logging.getLogger(__name__)
 SEMANTIC_DUPLICATE = "semantic_duplicate"

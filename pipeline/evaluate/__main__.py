@@ -7,7 +7,8 @@ language (metrics.json, plots/), and the greedy continuations of evaluate.prompt
 
 from __future__ import annotations
 
-from pipeline.entrypoint import run_cli, stage_main
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:

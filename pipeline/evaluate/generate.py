@@ -35,46 +35,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_checkpoint(path: Path) -> dict:
-    """A checkpoint file, or the newest one in a checkpoints folder; checksums verified, a pipeline-parallel
-    run's parts merged into one model."""
-    from pipeline.train.pipeline_parallel import whole_model_checkpoint
-
-    if path.is_dir():
-        found = sorted(
-            path.rglob("step-*.pt"), key=lambda p: int(p.name.removeprefix("step-").removesuffix(".pt"))
-        )
-        if not found:
-            raise StageFailure(f"no checkpoint (step-*.pt) in {path}")
-        path = found[-1]
-    if not path.name.startswith("step-"):
-        raise StageFailure(f"{path} is not a step-<N>.pt checkpoint")
-    return whole_model_checkpoint(path)
-
-
 def generate(argv: list[str] | None = None) -> list[dict]:
     import torch
     from tokenizers import Tokenizer
 
     from pipeline.export.trained import TrainedRun
-    from pipeline.tracking.samples import load_model
+    from pipeline.model.inference import continue_ids, load_model
 
     args = build_parser().parse_args(argv)
     if args.run:
         args.overrides = [f"train.run_id={args.run}", *args.overrides]
     config, snapshot = resolve(args)
     if args.checkpoint is not None:
-        state = load_checkpoint(args.checkpoint)
+        model = load_model(args.checkpoint)
         tokenizer_file = DatasetRef.of(config, "tokenize", snapshot).require().path / "tokenizer.json"
         eos_token = config.tokenizer.eos_token
     else:
         trained = TrainedRun.of(DatasetRef.of(config, "train", snapshot))
-        state, tokenizer_file = trained.state, trained.tokenizer_file
+        model, tokenizer_file = trained.model(), trained.tokenizer_file
         eos_token = trained.tokenize.extra["eos_token"]
-    model = load_model(state)
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.encode_special_tokens = True  # as the tokenize stage encoded the training text
     stop = tokenizer.token_to_id(eos_token)
+    if stop is None:
+        raise StageFailure(f"the tokenizer has no end-of-text token {eos_token!r}")
     generator = torch.Generator().manual_seed(config.project.seed if args.seed is None else args.seed)
     results = []
     for prompt in args.prompt:
@@ -84,17 +68,22 @@ def generate(argv: list[str] | None = None) -> list[dict]:
             raise StageFailure(
                 f"the prompt is {len(ids)} tokens; the context is {model.config.max_position_embeddings}"
             )
-        out = model.generate(
-            torch.tensor([ids]), budget, args.temperature, args.top_k, generator, args.top_p, stop
-        )[0, len(ids) :].tolist()
-        stopped = stop in out
-        new = out[: out.index(stop)] if stopped else out
+        continuation = continue_ids(
+            model,
+            ids,
+            budget,
+            stop,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=generator,
+        )
         results.append(
             {
                 "prompt": prompt,
-                "completion": tokenizer.decode(new),
-                "tokens": len(new),
-                "stopped_at_eos": stopped,
+                "completion": tokenizer.decode(continuation.new_ids),
+                "tokens": len(continuation.new_ids),
+                "stopped_at_eos": continuation.stopped,
             }
         )
     return results
@@ -111,6 +100,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     raise SystemExit(run_cli(main))

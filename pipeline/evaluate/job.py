@@ -35,9 +35,9 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import IGNORE_INDEX, TokenStream
 from pipeline.export.trained import TrainedRun
+from pipeline.model.inference import generations
 from pipeline.tokenization.job import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX
 from pipeline.tokenization.shards import shard_prefixes
-from pipeline.tracking.samples import generations
 
 log = logging.getLogger(__name__)
 STAGE = "evaluate"
@@ -110,7 +110,9 @@ def document_losses(
 
 def grouped(loss_sums, counts, keys: list[str], top: int | None = None) -> dict[str, dict[str, Any]]:
     """Token-weighted loss and perplexity per key, largest groups first; past ``top``, one "other" group."""
-    sums, tokens, docs = defaultdict(float), defaultdict(int), defaultdict(int)
+    sums: defaultdict[str, float] = defaultdict(float)
+    tokens: defaultdict[str, int] = defaultdict(int)
+    docs: defaultdict[str, int] = defaultdict(int)
     for key, loss, count in zip(keys, loss_sums, counts, strict=True):
         sums[key] += loss
         tokens[key] += int(count)
@@ -190,6 +192,7 @@ def harness(trained, stream, export_folder: Path, folder: Path, settings) -> dic
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     train_ref, export_ref = inputs
+    export_ref.verify()  # the weights lm-evaluation-harness loads are the ones export wrote
     trained = TrainedRun.of(train_ref)
     settings = config.evaluate
     model = trained.model()

@@ -21,7 +21,7 @@ layers never drop).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -95,7 +95,7 @@ def hf_config(
     import transformers
 
     name = architecture(config)
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -119,7 +119,9 @@ def hf_config(
         return transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
     if name == "MistralForCausalLM":
         return transformers.MistralConfig(**common, sliding_window=config.attention_window)
-    interval, first, last = moe_interval(config)
+    layout = moe_interval(config)
+    assert layout is not None  # architecture() refused the MoE layouts Ernie cannot express
+    interval, first, last = layout
     return transformers.Ernie4_5_MoeConfig(
         **common,
         use_bias=False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def save_tokenizer_files(
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    special = {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}
+    special: dict[str, Any] = {"bos_token": eos_token, "eos_token": eos_token, "pad_token": pad_token}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_file(str(tokenizer_file)),
         **special,
@@ -145,6 +146,16 @@ Digests of the stage outputs the training read, nearest first (each is the `dige
 """
 
 
+def readable_by_all(folder: Path) -> None:
+    """Every file with the mode a new file gets here (0644 under the usual umask): safetensors writes its
+    weights through a private temporary file (0600), which a server running as another user cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~mask)
+
+
 def export_folder(trained: TrainedRun, folder: Path, dtype_name: str, max_shard_size: str, seed: int) -> dict:
     """Write the whole model folder; returns what export.json records."""
     from transformers import GenerationConfig
@@ -161,6 +172,7 @@ def export_folder(trained: TrainedRun, folder: Path, dtype_name: str, max_shard_
         bos_token_id=tokens.bos, eos_token_id=tokens.eos_id, pad_token_id=tokens.pad_id, do_sample=False
     )
     model.save_pretrained(folder, max_shard_size=max_shard_size)
+    readable_by_all(folder)
     extra = trained.tokenize.extra
     save_tokenizer_files(
         trained.tokenizer_file,

@@ -58,11 +58,20 @@ class TrainedRun:
             if t.get("special") and t["content"] not in named
         ]
 
+    def verify_checkpoint(self) -> None:
+        """The final checkpoint's files (every pipeline shard's) against the digests the run's manifest
+        recorded when it was published; DamagedOutputError names the first that differs."""
+        from pipeline.model.checkpoint import step_files
+
+        self.ref.verify(*(file.relative_to(self.ref.path).as_posix() for file in step_files(self.checkpoint)))
+
     @cached_property
     def state(self) -> dict[str, Any]:
-        """The final checkpoint, checksums verified; a pipeline-parallel run's parts merged into one model."""
-        from pipeline.train.pipeline_parallel import whole_model_checkpoint
+        """The final checkpoint, verified against the run's manifest and its checksum files; a
+        pipeline-parallel run's parts merged into one model."""
+        from pipeline.model.checkpoint import whole_model_checkpoint
 
+        self.verify_checkpoint()
         return whole_model_checkpoint(self.checkpoint)
 
     @property
@@ -73,9 +82,9 @@ class TrainedRun:
 
     def model(self):
         """Our GPT with the final weights, in eval mode."""
-        from pipeline.tracking.samples import load_model
+        from pipeline.model.checkpoint import model_from_state
 
-        return load_model(self.state)
+        return model_from_state(self.state)
 
     def lineage(self) -> dict[str, Any]:
         """What the model card and the registry say the model was made from."""

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.entrypoint import run_cli, stage_main
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import stage_main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

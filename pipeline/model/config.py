@@ -6,6 +6,7 @@ Kept free of torch so config validation stays cheap (``ModelSection`` builds one
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
 
 ATTENTION_PATTERNS = ("causal", "sliding_window", "blockwise")
 ATTENTION_KERNELS = ("auto", "sdpa")
@@ -63,7 +64,7 @@ class GPTConfig:
     moe_shared_expert: bool = False  # one dense expert every token goes through, added to the routed output
     moe_capacity_factor: float | None = 1.25  # None: unlimited (no token is ever dropped)
     moe_eval_capacity_factor: float | None = None  # used in eval mode (and generate); None: unlimited
-    router_score: str = "softmax"
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
     router_aux_loss_coef: float = 0.01  # Switch/GShard load balancing, summed over MoE layers
     router_z_loss_coef: float = 0.001  # ST-MoE router z-loss, summed over MoE layers
     moe_fused_routing: bool = True  # use cuda_ext.moe_routing when it is built, else the PyTorch reference
@@ -247,7 +248,7 @@ class GPTConfig:
         """Keys a query attends to, averaged over the positions of one sequence (no document boundaries)."""
         total = 0
         for i in range(seq_len):
-            if self.attention_pattern == "sliding_window":
+            if self.attention_pattern == "sliding_window" and self.attention_window is not None:
                 local_start = max(0, i - self.attention_window + 1)
             elif self.attention_pattern == "blockwise":
                 block = i // self.attention_block_size
@@ -307,7 +308,12 @@ _BASE = GPTConfig(
     intermediate_size=2048,
     max_position_embeddings=2048,
 )
-_MOE = {"num_experts": 8, "moe_top_k": 2, "moe_every_n_layers": 2, "moe_capacity_factor": 1.25}
+_MOE: dict[str, Any] = {
+    "num_experts": 8,
+    "moe_top_k": 2,
+    "moe_every_n_layers": 2,
+    "moe_capacity_factor": 1.25,
+}
 
 PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(),

@@ -27,6 +27,9 @@ from pipeline.model.routing import expert_capacity, router_scores, routing_ops
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position, computed once in float64 (accurate angles at long positions)."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -72,6 +75,7 @@ def attention_mask(
     causal = k <= q
     allowed = causal
     if config.attention_pattern == "sliding_window":
+        assert config.attention_window is not None  # GPTConfig requires one for this pattern
         allowed = allowed & (q - k < config.attention_window)
     elif config.attention_pattern == "blockwise":
         size = config.attention_block_size
@@ -312,6 +316,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.attn = Attention(config, layer_idx)
         self.mlp_norm = make_norm(config)
+        self.mlp: MoE | MLP
         if layer_idx in config.moe_layer_indices:
             self.mlp = MoE(config)
         else:
@@ -342,7 +347,7 @@ def training_loss(
 def with_router_losses(
     config: GPTConfig, lm_loss: torch.Tensor, aux_loss: torch.Tensor | None, z_loss: torch.Tensor | None
 ) -> torch.Tensor:
-    if aux_loss is None:
+    if aux_loss is None or z_loss is None:
         return lm_loss
     return lm_loss + config.router_aux_loss_coef * aux_loss + config.router_z_loss_coef * z_loss
 
@@ -447,7 +452,7 @@ class GPT(nn.Module):
         out = GPTOutput(logits)
         if aux_losses:
             out.aux_loss, out.z_loss = torch.stack(aux_losses).sum(), torch.stack(z_losses).sum()
-        if fused:
+        if fused and targets is not None:
             out.lm_loss = linear_cross_entropy(
                 self.norm(x),
                 self.lm_head.weight,
@@ -457,6 +462,7 @@ class GPT(nn.Module):
             )
             out.loss = with_router_losses(self.config, out.lm_loss, out.aux_loss, out.z_loss)
         elif targets is not None:
+            assert logits is not None  # only the fused loss goes without them
             out.loss, out.lm_loss = training_loss(self.config, logits, targets, out.aux_loss, out.z_loss)
         return out
 

@@ -20,6 +20,7 @@ Contract, for router logits ``[T, E]`` and ``k`` choices per token:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -131,9 +132,9 @@ class RoutingOps:
     """The three routing functions, from one backend."""
 
     name: str
-    route: object
-    permute: object
-    unpermute: object
+    route: Callable[..., RoutingPlan]
+    permute: Callable[..., torch.Tensor]
+    unpermute: Callable[..., torch.Tensor]
 
 
 REFERENCE_OPS = RoutingOps("pytorch", route, permute, unpermute)

@@ -11,7 +11,7 @@ from pipeline.model.config import PRESETS, GPTConfig, model_config
 
 
 class ModelSection(Section):
-    preset: str = "tiny"
+    preset: str = Field("tiny", json_schema_extra={"enum": list(sorted(PRESETS))})
     overrides: dict[str, Any] = Field(default_factory=dict, description="fields of pipeline.model.GPTConfig")
 
     @field_validator("preset")

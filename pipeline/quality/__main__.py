@@ -5,7 +5,8 @@ report.html, metrics.json and plots under <data_root>/<corpus>/quality/<snapshot
 
 from __future__ import annotations
 
-from pipeline.entrypoint import run_cli, stage_main
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:

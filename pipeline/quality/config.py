@@ -36,6 +36,20 @@ class GateConfig(Section):
         description="documents dedup removed / documents dedup read",
         json_schema_extra={"metric": "duplicate_share"},
     )
+    max_classifier_drop_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="documents the classify stage dropped / documents it read",
+        json_schema_extra={"metric": "classifier_drop_share"},
+    )
+    max_contaminated_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="documents the decontaminate stage dropped / documents it read",
+        json_schema_extra={"metric": "contaminated_share"},
+    )
     max_mean_pairwise_cosine: float | None = Field(
         None,
         ge=-1,

@@ -15,6 +15,7 @@ from pipeline.core.manifest import MANIFEST_NAME, Manifest
 
 # Clean's rules in the order the recipe applies them (the manifest lists them alphabetically).
 CLEAN_RULE_ORDER = (
+    "url",
     "extract",
     "clean",
     "normalize",
@@ -137,9 +138,17 @@ def documents_read_by(steps: list[Step], stage: str) -> int:
     return 0
 
 
+def _dropped_share(steps: list[Step], stage: str, prefix: str) -> float | None:
+    """What ``stage`` dropped for reasons starting with ``prefix`` / what it read; None without the stage."""
+    read = documents_read_by(steps, stage)
+    removed = sum(s.documents for s in steps if s.stage == stage and s.reason.startswith(prefix))
+    return removed / read if read else None
+
+
 def shares(steps: list[Step]) -> dict[str, float | None]:
     """``kept_share``: kept / the funnel's input; ``duplicate_share``: what dedup removed as a duplicate / what
-    it read. None where the funnel has no such rows."""
+    it read; ``classifier_drop_share`` and ``contaminated_share``: the same for the classify and decontaminate
+    stages. None where the funnel has no such rows."""
     first = steps[0].documents if steps and steps[0].reason == "input" else 0
     kept = steps[-1].documents if steps and steps[-1].reason == "kept" else None
     removed = sum(s.documents for s in steps if s.stage == "dedup" and s.reason.endswith("_duplicate"))
@@ -147,7 +156,28 @@ def shares(steps: list[Step]) -> dict[str, float | None]:
     return {
         "kept_share": kept / first if first and kept is not None else None,
         "duplicate_share": removed / dedup_read if dedup_read else None,
+        "classifier_drop_share": _dropped_share(steps, "classify", "classifier:"),
+        "contaminated_share": _dropped_share(steps, "decontaminate", "contaminated:"),
     }
+
+
+def filtering_details(manifest: Manifest) -> dict:
+    """The classify and decontaminate records along the lineage: each model's cut, score histograms per
+    language, drops and pass-throughs; each evaluation set's items and n-grams."""
+    details: dict = {"classifiers": {}, "decontamination": {}}
+    for stage in lineage(manifest):
+        if stage.stage == "classify":
+            details["classifiers"] = stage.extra.get("classify", {}).get("models", {})
+        elif stage.stage == "decontaminate":
+            record = stage.extra.get("decontaminate", {})
+            details["decontamination"] = {
+                "sets": record.get("sets", {}),
+                "mode": record.get("mode"),
+                "ngram_size": record.get("ngram_size"),
+                "dropped": stage.counters.get("dropped", {}),
+                "cut_documents": stage.counters.get("cut_documents"),
+            }
+    return details
 
 
 def clean_details(manifest: Manifest) -> dict:

@@ -157,6 +157,54 @@ _STYLE = (
 )
 
 
+def _cut_text(cut: Mapping[str, Any]) -> str:
+    mode = cut.get("mode")
+    if mode == "top_fraction":
+        return f"top {cut['top_fraction']:.3g} (kept {cut['target']:,} of {cut['scored']:,}; cut at {cut.get('threshold')})"
+    if mode == "threshold":
+        per_language = ", ".join(
+            f"{lang} {value}" for lang, value in cut.get("language_thresholds", {}).items()
+        )
+        side = ">=" if cut.get("keep") == "high" else "<="
+        return f"score {side} {cut.get('threshold')}" + (f" ({per_language})" if per_language else "")
+    return "scores only"
+
+
+def _filtering_section(metrics: Mapping[str, Any], images: Mapping[str, Path | None]) -> str:
+    """Classifiers (cut, drops, score histograms) and decontamination (sets, n-grams, drops), when run."""
+    classifiers = metrics.get("classifiers") or {}
+    decontamination = metrics.get("decontamination") or {}
+    if not classifiers and not decontamination.get("sets"):
+        return ""
+    rows = [
+        [
+            name,
+            record.get("kind"),
+            record.get("source"),
+            (record.get("sha256") or "")[:12],
+            _cut_text(record.get("cut") or {}),
+            record.get("dropped"),
+            json.dumps(record.get("passed_through") or {}),
+        ]
+        for name, record in classifiers.items()
+    ]
+    plots = "".join(_image(images.get(f"scores_{name}")) for name in classifiers)
+    set_rows = [
+        [
+            name,
+            row.get("kind"),
+            row.get("items"),
+            row.get("ngrams"),
+            decontamination.get("dropped", {}).get(f"contaminated:{name}", 0),
+        ]
+        for name, row in (decontamination.get("sets") or {}).items()
+    ]
+    return f"""<section><h2>Classifiers and decontamination</h2><small>Scores are of every document the classify
+stage read, kept or dropped, per language; the dashed line is the cut. Choose a threshold where the histogram says.</small>
+{_table(["model", "kind", "source", "sha256", "selection", "dropped", "passed through (by language)"], rows)}{plots}
+{_table(["evaluation set", "kind", "items", "n-grams", "documents dropped"], set_rows)}</section>"""
+
+
 def write_page(
     path: Path,
     snapshot: str,
@@ -185,10 +233,20 @@ def write_page(
     ]
     pii = ", ".join(f"{kind} {count:,}" for kind, count in metrics.get("pii_redacted", {}).items()) or "none"
     host_rows = [[row["domain"], row["documents"], row["characters"]] for row in hosts[:50]]
+    filtering = _filtering_section(metrics, images)
     other = [
         [key, value if isinstance(value, int | float | str) or value is None else json.dumps(value)]
         for key, value in sorted(metrics.items())
-        if key not in ("funnel", "funnel_languages", "gate", "subjects", "warnings")
+        if key
+        not in (
+            "funnel",
+            "funnel_languages",
+            "gate",
+            "subjects",
+            "warnings",
+            "classifiers",
+            "decontamination",
+        )
     ]
     compared = (
         f"<p>Compared with snapshot <b>{html.escape(previous)}</b>.</p>"
@@ -212,6 +270,7 @@ closest to (embedding cosine); "unassigned" when no subject is close or two are 
 <section><h2>Drop funnel</h2>{_table(["stage", "step", "documents", "characters"], funnel_rows)}{_image(images.get("funnel"))}
 <p>Clean, per language:</p>{_table(["language", "kept", "dropped"], language_rows)}
 <p>PII redacted in the kept documents (replaced by placeholders, not dropped): {html.escape(pii)}.</p></section>
+{filtering}
 <section><h2>Across snapshots</h2>{compared}{_image(images.get("trends"), wide=True)}</section>
 <section><h2>Hosts</h2><small>The web host of each document (not its subject).</small>
 {_image(images.get("hosts"))}{_image(images.get("lengths"))}

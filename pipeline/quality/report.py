@@ -34,13 +34,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.classify.plots import plot_scores
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
-from pipeline.quality.funnel import as_rows, clean_details, funnel, plot_waterfall, shares
+from pipeline.quality.funnel import as_rows, clean_details, filtering_details, funnel, plot_waterfall, shares
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -267,6 +268,24 @@ def subject_view(sample: Sample, quality) -> Topics:
     return Topics([a.subject for a in found], coverage, metrics, warnings)
 
 
+def _classifier_view(record: dict) -> dict:
+    """What the report keeps of a classify record: not the model's path, the rest as the stage recorded it."""
+    keep = (
+        "kind",
+        "source",
+        "sha256",
+        "label",
+        "preprocess",
+        "languages",
+        "cut",
+        "dropped",
+        "bins",
+        "histogram",
+        "passed_through",
+    )
+    return {key: record.get(key) for key in keep}
+
+
 def write_tables(folder: Path, hosts: list[dict], sample: Sample, assigned: list[str]) -> None:
     pq.write_table(pa.Table.from_pylist(hosts), folder / "hosts.parquet")
     pq.write_table(
@@ -306,6 +325,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         ratios = [diversity.compression_ratio(text) for text in sample.texts if text]
         steps = funnel(documents_ref.manifest())
         cleaned = clean_details(documents_ref.manifest())
+        filtering = filtering_details(documents_ref.manifest())
         metrics = {
             "documents": covered.documents,
             "characters": covered.characters,
@@ -330,6 +350,11 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "funnel": as_rows(steps),
             "funnel_languages": cleaned["languages"],
             "pii_redacted": cleaned["pii_redacted"],
+            # Each classifier's score histogram per language and its cut; each evaluation set's n-grams.
+            "classifiers": {
+                name: _classifier_view(record) for name, record in filtering["classifiers"].items()
+            },
+            "decontamination": filtering["decontamination"],
         }
         warnings = topics.warnings
         metrics["warnings"] = warnings
@@ -366,6 +391,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "trends": trends.plot_trends([*earlier, (output.snapshot, metrics)], plots / "trends.png"),
             "hosts": page.plot_hosts(covered.hosts, plots / "hosts.png"),
             "lengths": page.plot_lengths(np.array([len(t) for t in sample.texts]), plots / "lengths.png"),
+            **{
+                f"scores_{name}": plot_scores(name, record, plots / f"scores_{name}.png")
+                for name, record in metrics["classifiers"].items()
+            },
         }
         page.write_page(
             out.path / "report.html",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -27,7 +28,7 @@ from pydantic import Field, field_validator
 from pipeline.core.config import ConfigError, Section
 from pipeline.embeddings import EncoderConfig, encode
 
-DEFAULT_PROTOTYPES = Path(__file__).with_name("subjects.yaml")
+DEFAULT_PROTOTYPES = resources.files("pipeline.quality") / "subjects.yaml"  # package data
 UNASSIGNED = "unassigned"
 _SUBJECT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _WORD_RUN = re.compile(r"[^\W_]+")

@@ -7,7 +7,8 @@ model, and a Model Registry version (tracking.register_model). Writes report/<sn
 
 from __future__ import annotations
 
-from pipeline.entrypoint import run_cli, stage_main
+from pipeline.core.cli import run_cli
+from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """Byte-level BPE tokenizer training with HF tokenizers.
 
-Pipeline: NFKC normaliser -> (optional) one pre-token per CJK ideograph -> GPT-2 byte-level pre-tokenizer -> BPE.
-Everything after NFKC is lossless, so ``decode(encode(x)) == unicodedata.normalize("NFKC", x)`` for any valid
-text x that holds no special-token string (the stage encodes those as plain text, see ``encoder``).
+Pipeline: Unicode normaliser (``tokenizer.unicode_form``, NFC by default) -> (optional) one pre-token per CJK
+ideograph -> GPT-2 byte-level pre-tokenizer -> BPE. Everything after the normaliser is lossless, so
+``decode(encode(x)) == unicodedata.normalize(form, x)`` for any valid text x that holds no special-token string
+(the stage encodes those as plain text, see ``encoder``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def special_tokens(config: TokenizerConfig) -> list[str]:
 def build_tokenizer(config: TokenizerConfig) -> Tokenizer:
     """An untrained tokenizer with the full normaliser / pre-tokenizer / decoder pipeline."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.normalizer = {"NFC": normalizers.NFC, "NFKC": normalizers.NFKC}[config.unicode_form]()
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     if config.split_cjk:
         # BERT inserts spaces around each ideograph; "isolated" splitting gives the same pre-tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -19,6 +20,10 @@ class TokenizerConfig(Section):
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
     reserved_tokens: int = Field(4, ge=0)
+    unicode_form: Literal["NFC", "NFKC"] = Field(
+        "NFC",
+        description="the tokenizer's normaliser, as clean.unicode_form (NFKC folds full-width punctuation)",
+    )
     split_cjk: bool = Field(
         False, description="isolate each CJK ideograph before BPE (like BERT's tokenize_chinese_chars)"
     )

@@ -24,7 +24,6 @@ import functools
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import pyarrow as pa
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
+from pipeline.core.progress import StepClock
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
@@ -446,24 +446,10 @@ def shard_totals(results: list[dict], documents: int) -> tuple[list[dict], list[
     return files, counts, totals
 
 
-def run(
-    config: PipelineConfig,
-    inputs: list[DatasetRef],
-    output: DatasetRef,
-    on_step: Callable[[str], None] | None = None,
-) -> Manifest:
-    """on_step(name) is called as each step ends (the benchmark measures CPU time per step with it)."""
+def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (documents_ref,) = inputs
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(step: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        seconds[step] = round(now - clock, 3)
-        clock = now
-        if on_step is not None:
-            on_step(step)
+    clock = StepClock("tokenize", log)
+    lap = clock.done
 
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"tokenize-{output.corpus}-{output.snapshot}")
@@ -509,7 +495,7 @@ def run(
                 "tokenizer": chosen.described,
                 "chars_per_token": round(chars_per_token, 4),
                 "tasks": partitions,
-                "seconds": seconds,
+                "seconds": clock.seconds,
                 "shards": [{key: r[key] for key in SHARD_FIELDS} for r in files],
             },
         )

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,7 +226,7 @@ def publish(
     corpus: str,
     name: str,
     write: Callable[[Path], dict[str, Any]],
-    inputs: list[DatasetRef] = (),
+    inputs: Sequence[DatasetRef] = (),
 ) -> StoredTokenizer:
     """Store a new tokenizer: ``write(folder)`` puts ``tokenizer.json`` and ``tokenizer_config.json`` into
     ``folder`` and returns its facts (``kind``, ``eos_token``, ``pad_token``, ...); the manifest gets them with
@@ -237,7 +237,7 @@ def publish(
             f"tokenizer {corpus}/{name} is already stored (digest {manifest_digest(ref.manifest())}); a stored "
             "tokenizer is never replaced, so token ids keep their meaning: choose another name"
         )
-    with StageOutput(ref, config, inputs) as out:
+    with StageOutput(ref, config, list(inputs)) as out:
         if ref.is_complete():  # stored by another run between the check above and taking the lock
             raise TokenizerError(f"tokenizer {corpus}/{name} was stored by another run meanwhile")
         facts = write(out.path)

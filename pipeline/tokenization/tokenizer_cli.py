@@ -22,6 +22,7 @@ from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.snapshots import SnapshotSelection, complete_snapshots
 from pipeline.core.storage import DatasetRef, MissingInputError
+from pipeline.stages import stage as registered_stage
 from pipeline.tokenization.store import (
     StoredTokenizer,
     default_name,
@@ -32,7 +33,7 @@ from pipeline.tokenization.store import (
     validate_name,
 )
 
-DEFAULT_INPUT_STAGE = "dedup"  # what the tokenize stage reads
+DEFAULT_INPUT_STAGE = registered_stage("tokenize").default_input  # the documents the tokenize stage reads
 
 
 def parse_source(text: str, corpus: str) -> tuple[str, SnapshotSelection]:
@@ -199,6 +200,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     raise SystemExit(run_cli(main))

@@ -75,7 +75,7 @@ def index_template() -> dict[str, Any]:
                             "stack_trace": {"type": "text", "index": False},
                         }
                     },
-                    # Training progress lines (pipeline.tracking.metrics.LogLineMetrics).
+                    # Training progress lines (pipeline.tracking.metric_sinks.LogLineMetrics).
                     "pretrain": {
                         "properties": {
                             "step": {"type": "long"},
@@ -263,8 +263,10 @@ class ElasticsearchSink:
                 if status == 404:
                     self._ready = False  # the data stream vanished: set it up again next time
                 if info is not None and result.error is None:
-                    exc = info.get("exception")
-                    result.error = describe_error(exc) if exc else f"status {status}: {info.get('error')}"
+                    raised = info.get("exception")
+                    result.error = (
+                        describe_error(raised) if raised else f"status {status}: {info.get('error')}"
+                    )
                 result.retry.append(action)
         return result
 

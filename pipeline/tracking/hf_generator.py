@@ -10,6 +10,8 @@ installed, without this project; the folder itself loads with ``from_pretrained`
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlflow
 from mlflow.pyfunc import PythonModel
 
@@ -34,7 +36,7 @@ class TextGenerator(PythonModel):
         prompts = model_input.iloc[:, 0].tolist() if hasattr(model_input, "iloc") else list(model_input)
         torch.manual_seed(int(settings["seed"]))
         sampling = float(settings["temperature"]) > 0
-        options = {"do_sample": sampling, "max_new_tokens": int(settings["max_new_tokens"])}
+        options: dict[str, Any] = {"do_sample": sampling, "max_new_tokens": int(settings["max_new_tokens"])}
         if sampling:
             options |= {
                 "temperature": float(settings["temperature"]),
@@ -50,7 +52,7 @@ class TextGenerator(PythonModel):
             with torch.no_grad():
                 out = self.model.generate(**ids, **options, pad_token_id=self.tokenizer.pad_token_id)
             new = out[0, ids["input_ids"].shape[1] :]
-            completions.append(self.tokenizer.decode(new, skip_special_tokens=True))
+            completions.append(str(self.tokenizer.decode(new, skip_special_tokens=True)))
         return completions
 
 

@@ -130,9 +130,7 @@ def write_model_artifact(
     config: PipelineConfig, checkpoint: Path, tokenizer_file: Path | None, folder: Path
 ) -> dict[str, Any]:
     """The registered model's files: weights (or a pointer to the checkpoint), config, tokenizer."""
-    import torch
-
-    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+    from pipeline.model.checkpoint import save_weights, whole_model_checkpoint
 
     state = whole_model_checkpoint(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
@@ -145,8 +143,8 @@ def write_model_artifact(
         "format": config.tracking.checkpoint_artifact,
     }
     if config.tracking.checkpoint_artifact == "weights":
-        torch.save({"model_config": state["model_config"], "model": state["model"]}, folder / "model.pt")
         pointer["weights"] = "model.pt"
+        pointer["weights_sha256"] = save_weights(state, folder / "model.pt")
     (folder / "checkpoint.json").write_text(json.dumps(pointer, indent=2) + "\n")
     (folder / "model_config.json").write_text(json.dumps(state["model_config"], indent=2) + "\n")
     if tokenizer_file is not None and tokenizer_file.is_file():
@@ -203,10 +201,9 @@ def load_model(model_uri: str, tracking: str | None = None):
     ``tracking``: the MLflow tracking URI (default: $MLFLOW_TRACKING_URI); it also serves as the registry.
     """
     import mlflow
-    import torch
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking.samples import load_model as build
+    from pipeline.model.inference import load_model as read_model
 
     if model_uri.startswith("models:/"):
         name, _, version = model_uri.removeprefix("models:/").partition("/")
@@ -217,13 +214,11 @@ def load_model(model_uri: str, tracking: str | None = None):
         local = local / "artifacts" / CHECKPOINT_ARTIFACT
     pointer = json.loads((local / "checkpoint.json").read_text())
     if pointer.get("weights"):
-        return build(torch.load(local / pointer["weights"], map_location="cpu", weights_only=True))
+        return read_model(local / pointer["weights"], sha256=pointer["weights_sha256"])
     checkpoint = Path(pointer["checkpoint"])
     if sha256_file(checkpoint) != pointer["sha256"]:
         raise ValueError(f"{checkpoint} does not match the registered sha256 {pointer['sha256']}")
-    from pipeline.train.pipeline_parallel import whole_model_checkpoint
-
-    return build(whole_model_checkpoint(checkpoint))
+    return read_model(checkpoint)
 
 
 def log_model_files(
@@ -238,15 +233,15 @@ def log_model_files(
     tokenizer and ``tracking.sample_tokens``) and the model (``save_registered_model``), each logged to the
     run."""
     samples = []
-    with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
         if history:
             plot_training(history, scratch / "training.png")
             tracked.log_artifact(scratch / "training.png", "plots")
         if config.tracking.sample_tokens and tokenizer_file and tokenizer_file.is_file():
-            from pipeline.tracking.samples import format_samples, sample_generations
+            from pipeline.model.inference import checkpoint_generations, format_samples
 
-            samples = sample_generations(
+            samples = checkpoint_generations(
                 checkpoint,
                 tokenizer_file,
                 config.tracking.sample_prompts,
@@ -322,11 +317,16 @@ def register(
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
+    from pipeline.model.checkpoint import step_files
+
     train_ref, export_ref, evaluate_ref = inputs
     train_manifest = train_ref.manifest()
     chain = upstream_manifests(train_manifest)
     history = read_history(train_ref.path)
     checkpoint = train_ref.path / train_manifest.extra["checkpoint"]
+    # What gets registered is what export and train published, byte for byte.
+    export_ref.verify()
+    train_ref.verify(*(file.relative_to(train_ref.path).as_posix() for file in step_files(checkpoint)))
     tokenize = next((m for m in chain if m.stage == "tokenize"), None)
     tokenizer_file = Path(tokenize.path) / "tokenizer.json" if tokenize else None
     dataset_digest = tokenize.digest if tokenize else ""

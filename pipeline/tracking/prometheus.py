@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -158,7 +159,7 @@ class TrainingExporter:
             "pretrain_tokens", SERIES["pretrain_tokens_total"], labels, registry=self.registry
         )
         self.registry.register(_ScrapeTimeCollector(self.rank, self.gpu))
-        self._server = None
+        self._server: Any = None  # prometheus_client's WSGI server, once started
 
     def start(self) -> TrainingExporter:
         self._server, _ = start_http_server(self.port, self.addr, registry=self.registry)

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
@@ -41,7 +42,7 @@ class TensorBoardWriter:
                 self._writer.add_scalar(f"{prefix}{key}", float(value), step)
 
     def histograms(
-        self, named_tensors: Iterable[tuple[str, object]], step: int, prefix: str = "weights/"
+        self, named_tensors: Iterable[tuple[str, Any]], step: int, prefix: str = "weights/"
     ) -> None:
         """E.g. ``model.named_parameters()``; also logs ``grads/<name>`` for tensors that have a gradient."""
         for name, tensor in named_tensors:
@@ -123,6 +124,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.entrypoint import run_cli
+    from pipeline.core.cli import run_cli
 
     raise SystemExit(run_cli(main))

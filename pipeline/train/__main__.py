@@ -20,15 +20,9 @@ import os
 import signal
 import sys
 
+from pipeline.core.cli import run_cli
 from pipeline.core.proc import die_with_parent
-from pipeline.entrypoint import (
-    add_input_stage_argument,
-    resolve,
-    run_cli,
-    stage_main,
-    stage_parser,
-    start_logging,
-)
+from pipeline.entrypoint import add_input_stage_argument, resolve, stage_main, stage_parser, start_logging
 from pipeline.train.failures import TORCHRUN_WORKER
 
 log = logging.getLogger("pipeline.train")
@@ -70,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     start_logging(config, "train", rank=rank)
+    from pipeline.train import faults
     from pipeline.train.failures import rank_failed
     from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 
     trainer = None
     try:
         trainer = Trainer(config, snapshot, args.input_stage)
+        faults.arm(trainer)  # the chaos tests' signal at a chosen step, when they ask for one
         trainer.run()
     except TrainingStopped as stopped:
         log.warning("%s", stopped)

@@ -77,7 +77,7 @@ class CommStats:
         self._add(sent, self.all_reduce(4 * numel))
 
     def collect(self) -> dict[str, float]:
-        figures = {"comm/bytes_sent": round(self.sent)}
+        figures: dict[str, float] = {"comm/bytes_sent": round(self.sent)}
         if self.sent:
             figures["comm/compression"] = round(self.baseline_bytes / self.sent, 4)
         self.sent = self.baseline_bytes = 0.0
@@ -114,7 +114,9 @@ def _run_hook(
 
 
 def _completed(tensor: torch.Tensor) -> torch.futures.Future:
-    future = torch.futures.Future(devices=[tensor.device] if tensor.device.type == "cuda" else None)
+    future: torch.futures.Future = torch.futures.Future(
+        devices=[tensor.device] if tensor.device.type == "cuda" else None
+    )
     future.set_result(tensor)
     return future
 
@@ -258,7 +260,7 @@ class PowerSGDCompression(GradientCompression):
             "iter": self.state.iter,
             "rng": {
                 "kind": kind,
-                "keys": torch.from_numpy(keys.astype(np.int64)),
+                "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
                 "position": int(position),
                 "has_gauss": int(has_gauss),
                 "cached_gaussian": float(cached),

@@ -228,7 +228,7 @@ class DistributedConfig(Section):
     def _rank_in_world(self) -> DistributedConfig:
         if (self.world_size is None) != (self.rank is None):
             raise ValueError("set distributed.world_size and distributed.rank together, or neither")
-        if self.rank is not None and self.rank >= self.world_size:
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} is outside a world of {self.world_size}")
         if self.init_method != "env://" and self.rank is None:
             raise ValueError(f"init_method {self.init_method!r} needs distributed.world_size and rank")

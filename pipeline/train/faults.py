@@ -9,7 +9,8 @@
   ``PRETRAIN_TRAIN_LAUNCHER_PID``), as a user or a scheduler killing the command would.
 
 It fires in the first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so a restarted group runs
-through. Unset (the normal case) it costs one comparison per step.
+through. The rank's entrypoint (``pipeline.train.__main__``) installs it as a ``Trainer.after_step`` hook only
+when the variable is set, so the training step itself knows nothing of it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ class Fault:
             rank=int(match["rank"] or 0),
             to=match["to"] or "self",
         )
+
+    def after_step(self, trainer) -> None:
+        """A ``Trainer.after_step`` hook: fire after this fault's step, and wait for a SIGTERM sent upstream to
+        come back to this rank, so every rank stops after the same step."""
+        maybe_inject(self, trainer.step, delivered=lambda: trainer.stopping)
+
+
+def arm(trainer) -> None:
+    """Install the fault ``PRETRAIN_TRAIN_FAULT`` names for this rank, if any, as a ``Trainer.after_step`` hook."""
+    fault = fault_for(trainer.ctx.rank)
+    if fault is not None:
+        trainer.after_step.append(fault.after_step)
 
 
 def fault_for(rank: int, environ: dict[str, str] | None = None) -> Fault | None:

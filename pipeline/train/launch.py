@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
@@ -26,22 +26,25 @@ from pipeline.core.storage import DatasetRef
 from pipeline.train.config import TrainConfig
 from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
 from pipeline.train.faults import ENV_LAUNCHER_PID
-from pipeline.train.runs import record_run, resolve_run
-from pipeline.train.threads import OMP_NUM_THREADS, threads_per_rank
+from pipeline.train.runs import decide_run, record_run
+from pipeline.train.threads import CHOSEN_BY_LAUNCHER, OMP_NUM_THREADS, threads_per_rank
 
 log = logging.getLogger(__name__)
 DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
 
 
-def name_run(config: PipelineConfig, snapshot: str, inputs: list[DatasetRef] = ()) -> str:
-    """The run this launcher trains (``pipeline.train.runs.resolve_run``). Every node of a multi-node
-    training runs its own launcher, and they must all train one run, so there the config must name it."""
-    if config.train.nnodes > 1 and config.train.run_id is None:
+def name_run(
+    config: PipelineConfig, snapshot: str, inputs: Sequence[DatasetRef] = (), default: str | None = None
+) -> str:
+    """The run this launcher trains, decided here once (``pipeline.train.runs.decide_run``) and handed to the
+    ranks as ``train.run_id``. Every node of a multi-node training runs its own launcher, and they must all
+    train one run, so there the config must name it."""
+    if config.train.nnodes > 1 and config.train.run_id is None and default is None:
         raise ConfigError(
             f"train.nnodes={config.train.nnodes}: every node's launcher must train the same run; name it with "
             "train.run_id=<name>, the same on every node"
         )
-    return resolve_run(config, snapshot)
+    return decide_run(config, snapshot, default)
 
 
 def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, input_stage: str) -> list[str]:
@@ -86,10 +89,12 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
     stands, and each rank sizes torch's threads by the same rule from what it finds.
     """
     env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
+    env.pop(CHOSEN_BY_LAUNCHER, None)  # a value this launcher did not choose is the environment's
     if train is not None:
         choice = threads_per_rank(train, environ=env)
         if choice.source != "environment":
             env[OMP_NUM_THREADS] = str(choice.threads)
+            env[CHOSEN_BY_LAUNCHER] = choice.reason
         log.info("CPU threads: %s", choice)
     # Each restart gets its own worker store (see pipeline.train.parallel._attempt_store for why).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -116,8 +121,8 @@ def train(
     on_start: Callable[[subprocess.Popen], None] | None = None,
     forward_signals: bool = False,
 ) -> Manifest:
-    """Train a run of ``snapshot`` with torchrun on this machine: the run the config names, else the one
-    ``name_run`` picks (new or resumed); returns its manifest.
+    """Train the run ``train.run_id`` of ``snapshot`` (its caller decided it with ``name_run``) with torchrun on
+    this machine; returns its manifest.
 
     The run's lock is held from here for the whole training: torchrun inherits it, and rank 0 publishes
     under it. The run's staging folder and ``run.json`` are written first, so a second launcher with the
@@ -129,16 +134,18 @@ def train(
     goes on, so the ranks checkpoint and stop, then ``TrainingStopped`` says where; a second one kills
     the group. An Airflow task leaves it off: Airflow's own handler kills the group (``on_kill``).
     """
-    config = config.with_run(name_run(config, snapshot))
-    output = DatasetRef.of(config, "train", snapshot)
+    run_id = config.train.run_id
+    if run_id is None:
+        raise ValueError("launch.train trains the run its caller decided: name it with name_run() first")
+    output = DatasetRef.of(config, "train", snapshot, run_id)
     command = prepare_torchrun(config, tokens, snapshot)
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
-    failures = prepare_failures_folder(config, snapshot, output.run)
+    failures = prepare_failures_folder(config, snapshot, run_id)
     env = {**child_environment(config.train), ENV_LAUNCHER_PID: str(os.getpid()), ENV_FAILURES: str(failures)}
     try:
         with OutputLock(output.path, what=output.what):
-            record_run(staging, config, output.run)
+            record_run(staging, config, run_id)
             run_streaming(
                 command,
                 env=env,
@@ -148,7 +155,7 @@ def train(
                 forward_signals=forward_signals,
             )
     except ChildFailedError as failed:
-        from pipeline.train.components.checkpoint import Checkpointer
+        from pipeline.model.checkpoint import Checkpointer
 
         checkpoints = Checkpointer(staging / "checkpoints")
         steps = checkpoints.steps()
@@ -156,7 +163,7 @@ def train(
             newest = steps[-1] if steps else None
             raise TrainingStopped(
                 newest,
-                checkpoints.path_for(newest) if steps else None,
+                checkpoints.path_for(newest) if newest is not None else None,
                 signal.Signals(failed.stopped_by).name,
             ) from None
         resume = f"resumes from step {steps[-1]}" if steps else "starts over (no checkpoint yet)"
@@ -173,10 +180,13 @@ def prepare_failures_folder(config: PipelineConfig, snapshot: str, run: str) -> 
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    """The train stage's launcher (`pretrain train`): ranks format their own console lines, passed through."""
+    """The train stage's launcher (`pretrain train`): ranks format their own console lines, passed through.
+
+    ``stage_main`` decided the run (``name_run``) and the output names it; called directly, it is decided here."""
     (tokens,) = inputs
+    run_id = output.run or name_run(config, output.snapshot)
     return train(
-        config.with_run(output.run),  # stage_main names it; called directly, the output may name none
+        config.with_run(run_id),
         tokens,
         output.snapshot,
         on_line=lambda line: print(line, file=sys.stderr, flush=True),

@@ -56,10 +56,12 @@ from torch.distributed.pipelining import (
 
 from pipeline.config import PipelineConfig
 from pipeline.data.loader import IGNORE_INDEX, Batch
+from pipeline.model.checkpoint import shard_folder
 from pipeline.model.config import GPTConfig
 from pipeline.model.gpt import GPT, training_loss
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.parallel import DistributedContext, data_parallel
+from pipeline.train.parallelism import Parallelism, StepLoss, placeholder_batch
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +136,12 @@ def stage_model(model: GPT, split: PipelineSplit, stage: int) -> GPT:
     part = copy.deepcopy(model)
     first, end = split.layers[stage]
     part.blocks = nn.ModuleList(part.blocks[first:end])
+    # GPT runs without the parts a stage does not hold (its forward checks for each).
     if stage > 0:
-        part.embed_tokens = None
+        part.embed_tokens = None  # type: ignore[assignment]
     if stage < split.num_stages - 1:
-        part.norm = None
-        part.lm_head = None
+        part.norm = None  # type: ignore[assignment]
+        part.lm_head = None  # type: ignore[assignment]
     return part
 
 
@@ -206,7 +209,7 @@ def _sub_context(ctx: DistributedContext, mesh: DeviceMesh, dim: str) -> Distrib
         control, _ = dist.new_subgroups_by_enumeration(members, backend="gloo")
     return DistributedContext(
         rank=mesh.get_local_rank(dim),
-        world_size=mesh.size(mesh.mesh_dim_names.index(dim)),
+        world_size=dist.get_world_size(group),
         local_rank=ctx.local_rank,
         device=ctx.device,
         backend=ctx.backend,
@@ -216,8 +219,10 @@ def _sub_context(ctx: DistributedContext, mesh: DeviceMesh, dim: str) -> Distrib
     )
 
 
-class Pipeline:
-    """This rank's share of a pipeline-parallel model: its stages, their schedule, and one step's work."""
+class PipelineParallelism(Parallelism):
+    """This rank's share of a pipeline-parallel model: its stages, their schedule, and one step's work.
+
+    ``model_parts`` are its stages (copies of the model cut as ``stage_model`` says), ``data`` its "dp" group."""
 
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
@@ -235,10 +240,13 @@ class Pipeline:
             ctx.device.type, (ranks, ctx.world_size // ranks), mesh_dim_names=("pp", "dp")
         )
         self.pp = _sub_context(ctx, self.mesh, "pp")
-        self.dp = _sub_context(ctx, self.mesh, "dp")
+        self.dp = self.data = _sub_context(ctx, self.mesh, "dp")
         self.split = balanced_split(model.config, train.pipeline_stage_count, train.seq_len)
         self.stage_indices = [self.pp.rank + k * ranks for k in range(train.stages_per_rank)]
-        self.models = [stage_model(model, self.split, stage) for stage in self.stage_indices]
+        self.models = self.model_parts = [
+            stage_model(model, self.split, stage) for stage in self.stage_indices
+        ]
+        self.module = nn.ModuleList(self.models)  # the optimizer's parameters: every stage this rank holds
         self.first_layers = [self.split.layers[stage][0] for stage in self.stage_indices]
         self.has_first = 0 in self.stage_indices
         self.has_last = self.split.num_stages - 1 in self.stage_indices
@@ -263,12 +271,13 @@ class Pipeline:
         self.schedule = schedule(self.stages if len(self.stages) > 1 else self.stages[0], **options)
         self._tied = self._tied_weight(model.config, ranks)
         self._step_tokens = 1
-        self._losses = []
+        self._losses: list[torch.Tensor] = []
         self._loss_busy_s = 0.0
         self._wall_s = 0.0
         self._steps = 0
+        self.settle(placeholder_batch(train, ctx.device))
 
-    def _tied_weight(self, config: GPTConfig, ranks: int) -> tuple[Any, nn.Parameter, bool] | None:
+    def _tied_weight(self, config: GPTConfig, ranks: int) -> tuple[Any, torch.Tensor, bool] | None:
         """(group, this rank's copy, whether it is the head's) for a tied embedding, else None.
 
         Every rank joins the creation of every embedding group (first and last pp rank of each dp index)."""
@@ -296,12 +305,14 @@ class Pipeline:
         self._loss_busy_s += time.perf_counter() - started
         return scaled
 
-    def forward_backward(self, batch: Batch, step_tokens: int) -> torch.Tensor:
-        """Every micro-batch of ``batch`` (this dp rank's) forward and backward through the pipeline.
-
-        Returns this rank's part of the step's token-mean loss over all ranks (0 off the last stage)."""
-        self._step_tokens = step_tokens
-        self._losses: list[torch.Tensor] = []
+    def forward_backward(self, batches: list[Batch]) -> StepLoss:
+        """Every micro-batch of this dp rank's one batch (``train.microbatches`` slices of it) forward and
+        backward through the pipeline; the loss is this rank's part of the step's token-mean loss over all
+        ranks (0 off the last stage)."""
+        (batch,) = batches
+        batch = batch.to(self.ctx.device)
+        step_tokens = self._step_tokens = batch.num_tokens * self.dp.world_size  # packed: every row is full
+        self._losses = []
         kwargs = {"document_ids": batch.document_ids} if self.document_masking else {}
         args = (batch.inputs,) if self.has_first else ()
         started = time.perf_counter()
@@ -313,18 +324,21 @@ class Pipeline:
             # The last m calls: a first step also runs the loss once while the stages infer their shapes.
             for loss in self._losses[-self.microbatches :]:
                 total += loss  # in micro-batch order, as the one-process trainer sums
-        return total
+        return StepLoss(total, step_tokens)
 
-    def sync_tied_gradients(self) -> None:
+    def finish_gradients(self) -> None:
         """Sum the embedding's and the head's gradients, so the two copies take the same step."""
         if self._tied is not None:
             group, weight, _ = self._tied
             dist.all_reduce(weight.grad, group=group)
 
+    def step_options(self) -> dict[str, Any]:
+        return {"total_norm": self.total_norm, "agree_found_inf": self.agree_found_inf}
+
     def total_norm(self, parameters: list[torch.Tensor]) -> torch.Tensor:
         """The gradient norm over every stage (the tied matrix counted once, on the first stage)."""
         skipped = self._tied[1] if self._tied is not None and self._tied[2] else None
-        grads = [p.grad for p in parameters if p is not skipped]
+        grads = [p.grad for p in parameters if p is not skipped and p.grad is not None]
         local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.ctx.device)
         return self.pp.all_reduce(local.square()).sqrt()
 
@@ -405,7 +419,7 @@ class Pipeline:
     def theoretical_bubble(self) -> float:
         return theoretical_bubble(self.pp.world_size, self.microbatches, self.stages_per_rank)
 
-    def bubble_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Collective (every rank): idle share and idle seconds per step of each pp rank since the last call,
         averaged over its dp ranks, on rank 0 (empty elsewhere)."""
         busy = sum(stage.busy_s for stage in self.stages) + self._loss_busy_s
@@ -461,54 +475,26 @@ class Pipeline:
     def checkpoint_folder(self, checkpoints: Path) -> Path:
         return checkpoints / shard_folder(self.pp.rank, self.pp.world_size)
 
+    def model_state(self) -> Stateful:
+        return PipelineModelState(self)
 
-def shard_folder(rank: int, ranks: int) -> str:
-    """Each pp rank's checkpoints (its stages' parts) in a folder of its own under checkpoints/."""
-    return f"pp-rank-{rank}-of-{ranks}"
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        return {"pipeline": {**self.layout(), "stages": self.stage_indices}}
 
-
-def checkpoint_layout_problem(checkpoints: Path, ranks: int) -> str | None:
-    """Why checkpoints written with another number of pipeline stages cannot be resumed here, or None."""
-    if not checkpoints.is_dir():
-        return None
-    found = sorted(path.name for path in checkpoints.iterdir() if path.name.startswith("pp-rank-"))
-    written = {int(name.rsplit("-", 1)[1]) for name in found}
-    unsplit = any(path.name.startswith("step-") for path in checkpoints.iterdir())
-    if unsplit:
-        written.add(1)
-    other = sorted(written - {ranks})
-    if not other:
-        return None
-    return (
-        f"the checkpoints in {checkpoints} were written with train.pipeline_stages={other[0]}, and this run "
-        f"has train.pipeline_stages={ranks}: a checkpoint holds one part per pipeline rank, so resume it "
-        "with the same train.pipeline_stages, or set train.resume=false to start over"
-    )
-
-
-def whole_model_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint file ``path`` with the whole model under ``model``: a pipeline rank's part
-    (``checkpoints/pp-rank-R-of-N/step-K.pt``) merged with the other ranks' parts of the same step, each
-    verified by its checksum; any other checkpoint as it is."""
-    from pipeline.train.components.checkpoint import Checkpointer
-
-    path = Path(path)
-    step = int(path.name.removeprefix("step-").removesuffix(".pt"))
-    folder = path.parent
-    if not folder.name.startswith("pp-rank-"):
-        return Checkpointer(folder).load(step)
-    ranks = int(folder.name.rsplit("-", 1)[1])
-    parts = [Checkpointer(folder.parent / shard_folder(rank, ranks)).load(step) for rank in range(ranks)]
-    merged = dict(parts[0])
-    merged["model"] = {name: tensor for part in parts for name, tensor in part["model"].items()}
-    return merged
+    def describe(self) -> str:
+        return (
+            f"pipeline: {self.split.num_stages} stage(s) on {self.pp.world_size} pp rank(s) x "
+            f"{self.dp.world_size} dp rank(s), {type(self.schedule).__name__}, {self.microbatches} "
+            f"micro-batches, theoretical bubble {self.theoretical_bubble:.3f}; {self.split.describe()}; "
+            f"this rank holds stage(s) {self.stage_indices}"
+        )
 
 
 class PipelineModelState(Stateful):
     """The rank's stages as the checkpoint part ``model``: their parameters under the unsplit model's names,
     so the shards of all pp ranks together are the unsplit model's state dict."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: PipelineParallelism) -> None:
         self.pipeline = pipeline
 
     def state_dict(self) -> dict[str, Any]:

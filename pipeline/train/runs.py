@@ -7,10 +7,10 @@
       .staging-<run>@resume/      an unfinished run, which a resume continues
       .lock-<run>                 held by whoever trains that run (launcher, torchrun agent, ranks)
 
-``resolve_run`` says which run a training writes: the one ``train.run_id`` names (unless it is complete);
-else, with ``train.resume`` (the default), the newest unfinished run that was trained with the same
-settings (``RESUME_SETTINGS``, recorded in its ``run.json``); else a new run named after the time it
-starts. So killing a run and running the same command again resumes it, a sweep (other settings each time,
+``decide_run`` says which run a training writes, once, in its launcher: the one ``train.run_id`` names
+(unless it is complete); else, with ``train.resume`` (the default), the newest unfinished run that was trained
+with the same settings (``RESUME_SETTINGS``, recorded in its ``run.json``); else a new run named after the
+time it starts. The launcher hands it to torchrun as ``train.run_id``, and the ranks only check it. So killing a run and running the same command again resumes it, a sweep (other settings each time,
 one after another or at once) gets one run per setting, and the report of a run,
 ``report/<snapshot>/<run>/``, points at checkpoints that stay.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.core.config import ConfigError
-from pipeline.core.storage import RESUMABLE_TAG, STAGING_PREFIX, DatasetRef
+from pipeline.core.storage import RESUMABLE_TAG, STAGING_PREFIX, DatasetRef, validate_run_id
 
 log = logging.getLogger(__name__)
 STAGE = "train"
@@ -128,17 +128,27 @@ def unfinished_runs(config: PipelineConfig, snapshot: str) -> list[RunRecord]:
     return sorted(records, key=lambda record: (record.created_at, record.run_id), reverse=True)
 
 
-def resolve_run(config: PipelineConfig, snapshot: str) -> str:
-    """The run this training writes (see the module docstring); raises ConfigError for a complete one."""
+def _trainable(config: PipelineConfig, snapshot: str, run_id: str) -> str:
+    ref = run_ref(config, snapshot, run_id)
+    if ref.is_complete():
+        raise ConfigError(
+            f"train.run_id={run_id}: that run of snapshot {snapshot!r} is complete ({ref.path}) "
+            "and is never trained again; name a new run, or leave train.run_id unset for one"
+        )
+    return run_id
+
+
+def decide_run(config: PipelineConfig, snapshot: str, default: str | None = None) -> str:
+    """The run a training writes, decided once, by whoever launches it (`pretrain train`, the Airflow operator):
+    the one ``train.run_id`` names (unless it is complete); else ``default`` (the name a launcher gives its
+    runs: the Kubernetes job's, so a resubmitted job resumes its run); else, with ``train.resume`` (the
+    default), the newest unfinished run trained with the same settings; else a new run named after the time it
+    starts. The launcher passes it down as ``train.run_id``; ranks only check it (``launched_run``)."""
     train = config.train
     if train.run_id is not None:
-        ref = run_ref(config, snapshot, train.run_id)
-        if ref.is_complete():
-            raise ConfigError(
-                f"train.run_id={train.run_id}: that run of snapshot {snapshot!r} is complete ({ref.path}) "
-                "and is never trained again; name a new run, or leave train.run_id unset for one"
-            )
-        return train.run_id
+        return _trainable(config, snapshot, train.run_id)
+    if default is not None:
+        return _trainable(config, snapshot, validate_run_id(default))
     if train.resume:
         identity = resume_identity(config)
         for record in unfinished_runs(config, snapshot):
@@ -158,3 +168,15 @@ def resolve_run(config: PipelineConfig, snapshot: str) -> str:
     run_id = new_run_id()
     log.info("new training run %s of snapshot %s", run_id, snapshot)
     return run_id
+
+
+def launched_run(config: PipelineConfig, snapshot: str) -> str:
+    """The run a rank trains: the one its launcher decided and named in ``train.run_id``, checked, never chosen
+    here (every rank of every node must train the same run)."""
+    if config.train.run_id is None:
+        raise ConfigError(
+            "train.run_id is unset: a rank trains the run its launcher decided. Start training with "
+            "`pretrain train` (it launches torchrun for you), or name the run with train.run_id=<name> when "
+            "you start torchrun yourself"
+        )
+    return _trainable(config, snapshot, config.train.run_id)

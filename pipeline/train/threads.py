@@ -21,12 +21,15 @@ from pipeline.core.config import ConfigError
 from pipeline.train.config import TrainConfig
 
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# Set by the launcher beside the OMP_NUM_THREADS it chose, with its reason: a rank then says where the value
+# came from rather than calling the launcher's own choice a preset.
+CHOSEN_BY_LAUNCHER = "PRETRAIN_THREADS_CHOSEN_BY"
 
 
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int
-    source: Literal["config", "environment", "cores"]
+    source: Literal["config", "environment", "launcher", "cores"]
     reason: str  # for the start-up log line
 
     def __str__(self) -> str:
@@ -60,7 +63,10 @@ def threads_per_rank(
     """How many intra-op threads each rank uses; ``ranks_on_node`` defaults to ``train.nproc_per_node``."""
     if train.threads_per_rank is not None:
         return ThreadChoice(train.threads_per_rank, "config", "train.threads_per_rank")
-    preset = _preset_threads(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    preset = _preset_threads(environ)
+    if preset is not None and environ.get(CHOSEN_BY_LAUNCHER):
+        return ThreadChoice(preset, "launcher", f"chosen by the launcher: {environ[CHOSEN_BY_LAUNCHER]}")
     if preset is not None:
         return ThreadChoice(preset, "environment", f"{OMP_NUM_THREADS} was already set")
     ranks = ranks_on_node or train.nproc_per_node

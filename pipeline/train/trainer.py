@@ -15,7 +15,6 @@ states are re-seeded.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,15 +37,19 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader, build_train_loader
 from pipeline.model import GPTConfig, model_config
+from pipeline.model.checkpoint import (
+    CheckpointError,
+    checkpoint_layout_problem,
+    load_latest_of,
+    shard_checkpointers,
+)
 from pipeline.model.gpt import GPT
+from pipeline.model.inference import format_samples, generations
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
-    Checkpointer,
-    CheckpointError,
     CheckpointManager,
     PerRankState,
     RNGState,
-    load_latest_of,
     seed_everything,
 )
 from pipeline.train.components.evaluation import Validator, perplexity
@@ -57,24 +61,17 @@ from pipeline.train.components.metrics import (
     router_metrics,
 )
 from pipeline.train.components.optimizer import OptimizerState, build_optimizer
-from pipeline.train.compression import CompressionState, GradientCompression, build_compression
 from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
-from pipeline.train.faults import Fault, fault_for, maybe_inject
 from pipeline.train.host_memory import keep_freed_host_memory
-from pipeline.train.parallel import DistributedContext, data_parallel, init_distributed, settle_buckets
-from pipeline.train.pipeline_parallel import (
-    Pipeline,
-    PipelineModelState,
-    checkpoint_layout_problem,
-    shard_folder,
-)
-from pipeline.train.runs import identity_differences, record_run, resolve_run, resume_identity, run_ref
-from pipeline.train.threads import set_rank_threads
+from pipeline.train.parallel import DistributedContext, init_distributed
+from pipeline.train.parallelism import DataParallelism, Parallelism, StepLoss
+from pipeline.train.runs import identity_differences, launched_run, record_run, resume_identity, run_ref
+from pipeline.train.threads import ThreadChoice, set_rank_threads
 
 if TYPE_CHECKING:
-    from pipeline.core.config import TrainConfig
-    from pipeline.tracking.metrics import MetricsLogger
+    from pipeline.tracking.metric_sinks import MetricsLogger
     from pipeline.tracking.tensorboard import TensorBoardWriter
+    from pipeline.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -114,27 +111,26 @@ class StopSignal:
 class Trainer(Stateful):
     """Builds everything for one rank in ``__init__`` (resuming when a checkpoint exists); ``run()`` trains.
 
-    It is itself a checkpoint part (``train_state``: step and tokens seen), as torchtitan's trainer is.
+    Its parts are the attributes below, each made by one builder; how the model is split over the ranks and
+    how a step runs on them is the ``parallelism``'s business, so the step itself is the same for a single
+    process, data parallelism and a pipeline. The trainer is itself a checkpoint part (``train_state``: step
+    and tokens seen), as torchtitan's is. ``after_step`` holds callables run with the trainer after every
+    optimizer step (the fault injection of the chaos tests, ``pipeline.train.faults``).
     """
 
     config: PipelineConfig
     train_config: TrainConfig  # config.train
     snapshot: str
-    run_id: str  # the training run: train/<snapshot>/<run_id>/
-    ctx: DistributedContext
+    run_id: str  # the training run its launcher decided: train/<snapshot>/<run_id>/
+    ctx: DistributedContext  # every rank
     device: torch.device
+    threads: ThreadChoice
     tokens_ref: DatasetRef
     output: StageOutput
     model_config: GPTConfig
-    model: GPT | torch.nn.ModuleList  # the whole model; under a pipeline this rank's stages (their parts)
-    pipeline: (
-        Pipeline | None
-    )  # train.pipeline_stages > 1: this rank's stages, their schedule, the pp x dp mesh
-    parallel_model: torch.nn.Module  # DDP around model; model itself on one rank (and under a pipeline)
-    forward_model: torch.nn.Module  # parallel_model, compiled when train.compile
     precision: MixedPrecision
+    parallelism: Parallelism  # this rank's model parts and how a step runs on them
     loader: DistributedBatchLoader | TokenBudgetBatchLoader
-    compression: GradientCompression | None  # a DDP comm hook; None without DDP or train.grad_compression
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoint: CheckpointManager
@@ -142,7 +138,8 @@ class Trainer(Stateful):
     metrics: MetricsLogger
     tensorboard: TensorBoardWriter | None
     throughput: Throughput
-    fault: Fault | None
+    after_step: list[Callable[[Trainer], None]]
+    last_step: StepLoss  # the latest step's loss and tokens
     step: int
     tokens_seen: int
     restarts: int  # torchelastic restarts before this attempt
@@ -152,7 +149,7 @@ class Trainer(Stateful):
         self.train_config = config.train
         self.snapshot = snapshot
         self._stop: StopSignal | None = None
-        self.ctx: DistributedContext = init_distributed(config)
+        self.ctx = init_distributed(config)
         self._output_entered = False
         try:
             self._build(input_stage)
@@ -175,30 +172,12 @@ class Trainer(Stateful):
         self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
         tokens_manifest = self.tokens_ref.manifest()
         self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
-        seed_everything(config.project.seed)  # the same initial weights on every rank
         self.precision = MixedPrecision(train.precision, self.device)
-        self.pipeline = None
-        self.model = GPT(self.model_config).to(self.device)
-        if train.pipeline_stages > 1:
-            # Cut from the same initial weights a single process would train.
-            self.pipeline = Pipeline(self.model, ctx, config, self.precision)
-            self.model = torch.nn.ModuleList(self.pipeline.models)
-            log.info(
-                "pipeline: %d stage(s) on %d pp rank(s) x %d dp rank(s), %s, %d micro-batches, theoretical "
-                "bubble %.3f; %s; this rank holds stage(s) %s",
-                self.pipeline.split.num_stages,
-                self.pipeline.pp.world_size,
-                self.pipeline.dp.world_size,
-                train.pipeline_schedule,
-                self.pipeline.microbatches,
-                self.pipeline.theoretical_bubble,
-                self.pipeline.split.describe(),
-                self.pipeline.stage_indices,
-            )
-        data = self.pipeline.dp if self.pipeline is not None else ctx  # whose ranks share the data
+        self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)
+        log.info("%s", self.parallelism.describe())
+        data = self.parallelism.data  # the ranks that share the data
 
-        self.run_id = self._agree_on_run()
-        self.config = config = config.with_run(self.run_id)  # what the metrics sinks and checkpoints record
+        self.run_id = self._check_run()
         self.output = StageOutput(
             run_ref(config, self.snapshot, self.run_id), config, [self.tokens_ref], resumable=True
         )
@@ -213,8 +192,6 @@ class Trainer(Stateful):
             record_run(self.output.path, config, self.run_id)
         ctx.barrier()
 
-        # A pipeline's stages are data parallel each (Pipeline wraps them), the rank's parts together are not.
-        self.parallel_model = data_parallel(self.model, ctx, train) if self.pipeline is None else self.model
         self.loader = build_train_loader(
             self.tokens_ref.path / "train",
             config,
@@ -222,59 +199,13 @@ class Trainer(Stateful):
             world_size=data.world_size,
             pad_id=tokens_manifest.extra.get("pad_id"),
         )
-        if self.pipeline is not None:
-            self.pipeline.settle(Batch(*self._placeholder_batch(), self._placeholder_batch()[0]))
-        settle_buckets(self.parallel_model, self._placeholder_batch, self.precision.autocast)
-        self.compression = None
-        if self.parallel_model is not self.model:
-            self.compression = build_compression(
-                train.grad_compression,
-                ctx.world_size,
-                powersgd_rank=train.powersgd_rank,
-                powersgd_start_step=train.powersgd_start_step,
-                seed=config.project.seed,
-            )
-            if self.compression is not None:
-                self.compression.register(self.parallel_model)
-        elif train.grad_compression != "none":
-            log.info("one process: no gradient all-reduce, so train.grad_compression has nothing to do")
-        self.optimizer = build_optimizer(self.model, train, self.device, process_group=data.group)
+        self.optimizer = build_optimizer(
+            self.parallelism.module, train, self.device, process_group=data.group
+        )
         self.scheduler = build_lr_scheduler(self.optimizer, train)
-        self.forward_model = torch.compile(self.parallel_model) if train.compile else self.parallel_model
-
         self.step = 0
         self.tokens_seen = 0
-        own_parts: dict[str, Stateful] = {"rng": RNGState(self.device)}
-        if self.compression is not None:
-            own_parts["compression"] = CompressionState(self.compression, self.device)
-        checkpoints = self.output.path / "checkpoints"
-        metadata = {
-            "config_hash": config.hash,
-            "resume_identity": resume_identity(config),
-            "model_config": asdict(self.model_config),
-        }
-        if self.pipeline is not None:
-            # Stage-sharded: each pp rank's dp rank 0 writes its stages' parts into a folder of its own.
-            checkpoints = self.pipeline.checkpoint_folder(checkpoints)
-            metadata["pipeline"] = {**self.pipeline.layout(), "stages": self.pipeline.stage_indices}
-        self.checkpoint = CheckpointManager(
-            checkpoints,
-            states={
-                "model": PipelineModelState(self.pipeline) if self.pipeline is not None else self.model,
-                "optimizer": OptimizerState(self.optimizer, data.rank),
-                "lr_scheduler": self.scheduler,
-                "precision": self.precision,
-                "dataloader": self.loader,
-                "train_state": self,
-                # After train_state: a resume on another number of ranks re-seeds with the restored step.
-                "rank_states": PerRankState(
-                    data, own_parts, on_other_world_size=self._reseed_after_resharding
-                ),
-            },
-            is_main=data.is_main,
-            keep_last=train.keep_checkpoints,
-            metadata=metadata,
-        )
+        self.checkpoint = self._build_checkpoint()
         restored = self._load_checkpoint()
         if restored is not None:
             self.checkpoint.load(restored)
@@ -298,52 +229,66 @@ class Trainer(Stateful):
         )
         if ctx.is_main:
             _truncate_metrics(self.output.path / METRICS_FILE, after_step=self.step)
-        from pipeline.tracking.metrics import TensorBoardMetrics, build_metrics_logger
-
-        self.metrics = build_metrics_logger(
-            config,
-            rank=ctx.rank,
-            local_rank=ctx.local_rank,
-            output_dir=self.output.path,
-            snapshot=self.snapshot,
-            inputs=[self.tokens_ref],
-        )
-        self.tensorboard = next(
-            (s.writer for s in self.metrics.sinks if isinstance(s, TensorBoardMetrics)), None
+        self.metrics, self.tensorboard = build_metrics(
+            config, ctx, self.output.path, self.snapshot, self.tokens_ref
         )
         peak = peak_flops_per_device(train, self.device)
         self.throughput = Throughput(
             self.model_config.flops_per_token(train.seq_len), peak * ctx.world_size if peak else None
         )
-        self.fault = fault_for(ctx.rank)
-        self._loss_sum = torch.zeros((), device=self.device)
-        self._step_tokens = 0
+        self.after_step = []
+        self.last_step = StepLoss(torch.zeros((), device=self.device), 0)
         self._grad_norm = torch.zeros((), device=self.device)
 
-    def _agree_on_run(self) -> str:
-        """The run to write: the one the config names (the launcher names it), else rank 0's choice."""
-        decision: dict[str, str] = {}
+    def _check_run(self) -> str:
+        """The run to write: the one the launcher decided (``train.run_id``), checked by rank 0 for all."""
+        verdict: dict[str, str] = {}
         if self.ctx.is_main:
             try:
-                decision = {"run": resolve_run(self.config, self.snapshot)}
+                verdict = {"run": launched_run(self.config, self.snapshot)}
             except ConfigError as exc:
-                decision = {"error": str(exc)}
-        decision = self.ctx.broadcast_object(decision)
-        if "error" in decision:
-            raise ConfigError(decision["error"])
-        return decision["run"]
+                verdict = {"error": str(exc)}
+        verdict = self.ctx.broadcast_object(verdict)
+        if "error" in verdict:
+            raise ConfigError(verdict["error"])
+        return verdict["run"]
 
-    def _placeholder_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (self.train_config.batch_size, self.train_config.seq_len)
-        zeros = torch.zeros(shape, dtype=torch.long, device=self.device)
-        return zeros, zeros
+    def _build_checkpoint(self) -> CheckpointManager:
+        """Every stateful part, registered once; the parallelism says where this rank's files go."""
+        parallelism, data = self.parallelism, self.parallelism.data
+        metadata = {
+            "config_hash": self.config.hash,
+            "resume_identity": resume_identity(self.config),
+            "model_config": asdict(self.model_config),
+        }
+        metadata.update(parallelism.checkpoint_metadata())
+        own_parts = {"rng": RNGState(self.device), **parallelism.rank_states()}
+        return CheckpointManager(
+            parallelism.checkpoint_folder(self.output.path / "checkpoints"),
+            states={
+                "model": parallelism.model_state(),
+                "optimizer": OptimizerState(self.optimizer, data.rank),
+                "lr_scheduler": self.scheduler,
+                "precision": self.precision,
+                "dataloader": self.loader,
+                "train_state": self,
+                # After train_state: a resume on another number of ranks re-seeds with the restored step.
+                "rank_states": PerRankState(
+                    data, own_parts, on_other_world_size=self._reseed_after_resharding
+                ),
+            },
+            is_main=data.is_main,
+            keep_last=self.train_config.keep_checkpoints,
+            metadata=metadata,
+        )
 
     def _load_checkpoint(self) -> dict[str, Any] | None:
-        """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it."""
-        ctx, files = self.ctx, self.checkpoint.files
+        """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it.
+
+        Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold."""
+        ctx = self.ctx
         root, ranks = self.output.path / "checkpoints", self.train_config.pipeline_stages
-        # Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold.
-        shards = [Checkpointer(root / shard_folder(r, ranks)) for r in range(ranks)] if ranks > 1 else [files]
+        shards = shard_checkpointers(root, ranks)
         decision: dict[str, Any] = {}
         state = None
         if ctx.is_main:
@@ -377,7 +322,7 @@ class Trainer(Stateful):
         if "step" not in decision:
             return None
         if state is None:
-            state = files.load(decision["step"])
+            state = self.checkpoint.files.load(decision["step"])
         return state
 
     def _reseed_after_resharding(self, saved_ranks: int) -> None:
@@ -407,69 +352,27 @@ class Trainer(Stateful):
     def next_batches(self) -> list[Batch]:
         return [next(self.loader) for _ in range(self.train_config.grad_accum)]
 
-    def forward_backward(self, batches: list[Batch]) -> None:
-        """Gradients of the token-mean loss over all ranks' micro-batches (DDP averages over ranks)."""
-        ctx, train = self.ctx, self.train_config
+    def train_step(self) -> None:
+        """One optimizer step: forward and backward of ``grad_accum`` micro-batches over the parallelism, then
+        clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.pipeline is not None:  # its micro-batches are train.microbatches slices of one batch
-            (batch,) = batches
-            self._step_tokens = batch.num_tokens * self.pipeline.dp.world_size  # packed: every row is full
-            self._loss_sum = self.pipeline.forward_backward(batch.to(self.device), self._step_tokens)
-            return
-        local_tokens = [batch.num_tokens for batch in batches]
-        if self.config.data.batching == "packed":
-            step_tokens = sum(local_tokens) * ctx.world_size  # every row is full
-        else:
-            step_tokens = ctx.sum_cpu(sum(local_tokens))
-        loss_sum = torch.zeros((), device=self.device)
-        ddp = self.parallel_model is not self.model
-        for index, batch in enumerate(batches):
-            batch = batch.to(self.device, non_blocking=True)
-            last = index == len(batches) - 1
-            # Reduce gradients once per step, on the last micro-batch.
-            with contextlib.nullcontext() if last or not ddp else self.parallel_model.no_sync():
-                with self.precision.autocast():
-                    out = self.forward_model(
-                        batch.inputs, batch.targets, batch.document_ids if train.document_masking else None
-                    )
-                share = local_tokens[index] / step_tokens
-                self.precision.backward(out.loss * (share * ctx.world_size))
-            loss_sum += out.lm_loss.detach().float() * share
-        self._loss_sum = loss_sum
-        self._step_tokens = step_tokens
-
-    def optimizer_step(self) -> None:
-        """Clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
-        pipeline = self.pipeline
-        if pipeline is not None:
-            pipeline.sync_tied_gradients()
-        self._grad_norm = self.precision.step(
-            self.optimizer,
-            self.model.parameters(),
-            self.train_config.grad_clip,
-            total_norm=pipeline.total_norm if pipeline is not None else None,
-            agree_found_inf=pipeline.agree_found_inf if pipeline is not None else None,
-        )
+        self.last_step = self.parallelism.forward_backward(self.next_batches())
+        self._grad_norm = self.parallelism.clip_and_step(self.optimizer, self.train_config.grad_clip)
         self.scheduler.step()
         self.step += 1
-        self.tokens_seen += self._step_tokens
-        self.throughput.add_step(self._step_tokens)
-
-    def train_step(self) -> None:
-        self.forward_backward(self.next_batches())
-        self.optimizer_step()
+        self.tokens_seen += self.last_step.tokens
+        self.throughput.add_step(self.last_step.tokens)
         every = self.train_config.histogram_every
         if self.tensorboard is not None and every and self.step % every == 0:
-            parts = self.pipeline if self.pipeline is not None else self.model
-            self.tensorboard.histograms(parts.named_parameters(), self.step)
+            self.tensorboard.histograms(self.parallelism.named_parameters(), self.step)
 
     # --- figures ----------------------------------------------------------------------------------------
 
     def _train_metrics(self) -> dict[str, float]:
-        loss = self.ctx.all_reduce(self._loss_sum.clone()).item()
+        loss = self.parallelism.reported_loss(self.last_step)
         figures: dict[str, float] = {
             "loss": round(loss, 6),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": float(self.scheduler.get_last_lr()[0]),
             "grad_norm": round(float(self._grad_norm), 6),
         }
         figures.update(self.throughput.collect())  # after the .item() above, so the device work is done
@@ -478,19 +381,13 @@ class Trainer(Stateful):
         if self.precision.loss_scale is not None:
             figures["loss_scale"] = self.precision.loss_scale
         figures.update(memory_metrics(self.device))
-        figures.update(router_metrics(self.pipeline if self.pipeline is not None else self.model))
-        if self.pipeline is not None:
-            figures.update(self.pipeline.bubble_metrics())
-        if self.compression is not None:
-            figures.update(self.compression.stats.collect())
+        figures.update(router_metrics(self.parallelism))
+        figures.update(self.parallelism.metrics())
         return figures
 
     def evaluate(self) -> dict[str, float]:
         with self.throughput.excluded():
-            if self.pipeline is not None:  # no rank holds the whole model: forward through the stages
-                val_loss = self.validator.evaluate_with(self.pipeline.validation_loss, self.ctx.all_reduce)
-            else:
-                val_loss = self.validator.evaluate(self.model, self.precision.autocast, self.ctx.all_reduce)
+            val_loss = self.validator.evaluate_with(self.parallelism.validation_loss, self.ctx.all_reduce)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # give evaluation's activations back before training resumes
         if val_loss is None:
@@ -500,11 +397,11 @@ class Trainer(Stateful):
     # --- checkpoints ------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file."""
+        """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file; every rank's
+        files are written before rank 0 publishes or lists them."""
         with self.throughput.excluded():
             path = self.checkpoint.save(self.step)
-            if self.pipeline is not None:
-                self.ctx.barrier()  # every pp rank's shard is written before rank 0 publishes or lists them
+            self.ctx.barrier()
             return path
 
     # --- the loop ---------------------------------------------------------------------------------------
@@ -545,7 +442,8 @@ class Trainer(Stateful):
                 while self.step < train.steps:
                     self.train_step()
                     progress.update(1)
-                    maybe_inject(self.fault, self.step, delivered=lambda: stop.received)
+                    for hook in self.after_step:
+                        hook(self)
                     stopping = ctx.any_rank(stop.received)
                     last = self.step == train.steps
                     figures: dict[str, float] = {}
@@ -558,7 +456,6 @@ class Trainer(Stateful):
                         self.metrics.log(figures, self.step)
                     if stopping:
                         path = self.save_checkpoint()
-                        ctx.barrier()  # nobody exits before rank 0 has the file
                         log.warning("SIGTERM: checkpoint of step %d written to %s; stopping", self.step, path)
                         raise TrainingStopped(self.step, path)
                     if self.step % train.checkpoint_every == 0 or last:
@@ -579,21 +476,22 @@ class Trainer(Stateful):
         tokenizer_file = self.tokens_ref.path / "tokenizer.json"
         if self.tensorboard is None or not self.config.tracking.sample_tokens or not tokenizer_file.is_file():
             return
-        if self.pipeline is not None:
-            log.info("no samples: under a pipeline rank 0 holds only its stages")
+        model = self.parallelism.whole_model
+        if model is None:
+            log.info("no samples: rank 0 holds only part of the model")
             return
         from tokenizers import Tokenizer
 
-        from pipeline.tracking.samples import format_samples, greedy_generate
-
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         stop_id = tokenizer.token_to_id(self.config.tokenizer.eos_token)
-        samples = []
         with self.precision.autocast():
-            for prompt in self.config.tracking.sample_prompts:
-                prompt_ids = tokenizer.encode(prompt).ids or [stop_id if stop_id is not None else 0]
-                new_ids = greedy_generate(self.model, prompt_ids, self.config.tracking.sample_tokens, stop_id)
-                samples.append({"prompt": prompt, "completion": tokenizer.decode(new_ids)})
+            samples = generations(
+                model,
+                tokenizer,
+                self.config.tracking.sample_prompts,
+                self.config.tracking.sample_tokens,
+                stop_id,
+            )
         self.tensorboard.text("samples", format_samples(samples), self.step)
 
     def _publish(self) -> Manifest | None:
@@ -621,7 +519,7 @@ class Trainer(Stateful):
                     "parameters": self.model_config.num_parameters(),
                     "active_parameters": self.model_config.num_active_parameters(),
                     "flops_per_token": self.model_config.flops_per_token(self.train_config.seq_len),
-                    "pipeline": self.pipeline.layout() if self.pipeline is not None else None,
+                    "pipeline": self.parallelism.layout(),
                     "precision": self.train_config.precision,
                     "data_parallel": self.train_config.data_parallel,
                     "grad_compression": self.train_config.grad_compression,
@@ -639,6 +537,42 @@ class Trainer(Stateful):
             )
         ctx.barrier()
         return manifest
+
+
+# --- builders -------------------------------------------------------------------------------------------
+
+
+def build_parallelism(
+    config: PipelineConfig, model_config: GPTConfig, ctx: DistributedContext, precision: MixedPrecision
+) -> Parallelism:
+    """The model, built from the same seed on every rank, and the parallelism that splits and runs it: a
+    pipeline when ``train.pipeline_stages`` > 1 (cut from the very weights one process would train), else data
+    parallelism (one process, DDP or ZeRO-1)."""
+    seed_everything(config.project.seed)  # the same initial weights on every rank
+    model = GPT(model_config).to(ctx.device)
+    if config.train.pipeline_stages > 1:
+        from pipeline.train.pipeline_parallel import PipelineParallelism
+
+        return PipelineParallelism(model, ctx, config, precision)
+    return DataParallelism(model, ctx, config, precision)
+
+
+def build_metrics(
+    config: PipelineConfig, ctx: DistributedContext, output_dir: Path, snapshot: str, tokens: DatasetRef
+) -> tuple[MetricsLogger, TensorBoardWriter | None]:
+    """The metrics sinks (MLflow on rank 0, TensorBoard, Prometheus, metrics.jsonl) and TensorBoard's writer."""
+    from pipeline.tracking.metric_sinks import TensorBoardMetrics, build_metrics_logger
+
+    metrics = build_metrics_logger(
+        config,
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        output_dir=output_dir,
+        snapshot=snapshot,
+        inputs=[tokens],
+    )
+    tensorboard = next((s.writer for s in metrics.sinks if isinstance(s, TensorBoardMetrics)), None)
+    return metrics, tensorboard
 
 
 def _truncate_metrics(path: Path, after_step: int) -> None:
@@ -659,4 +593,11 @@ def _truncate_metrics(path: Path, after_step: int) -> None:
 
 
 def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> Manifest | None:
-    return Trainer(config, snapshot, input_stage).run()
+    """Train in this process as its only rank (tests, benchmarks): the launcher's decision of the run
+    (``pipeline.train.launch.name_run``) first, then the trainer."""
+    from pipeline.train import faults
+    from pipeline.train.launch import name_run
+
+    trainer = Trainer(config.with_run(name_run(config, snapshot)), snapshot, input_stage)
+    faults.arm(trainer)
+    return trainer.run()

@@ -9,17 +9,20 @@ def test_keeps_punctuation_and_symbols():
     assert normalize_text(text) == text
 
 
-def test_nfkc_controls_and_whitespace():
-    assert normalize_text("ｆｕｌｌ\u00a0width") == "full width"
+def test_the_normal_form_controls_and_whitespace():
+    assert normalize_text("ｆｕｌｌ\u00a0width", "NFKC") == "full width"
+    assert normalize_text("ｆｕｌｌ\u00a0width") == "ｆｕｌｌ width"  # NFC: text as written, the NBSP a space
+    assert normalize_text("花园，很美。", "NFKC") == "花园,很美。"
+    assert normalize_text("花园，很美。") == "花园，很美。"
     assert normalize_text("zero\u200bwidth\x07 bell\ufeff") == "zerowidth bell"
     assert normalize_text("a \t  b\r\n\r\n\r\n\r\nc  \n") == "a b\n\nc"
     assert normalize_text("line one\nline two") == "line one\nline two", "single newlines survive"
 
 
-@given(st.text())
-def test_idempotent_and_free_of_controls(text):
-    once = normalize_text(text)
-    assert normalize_text(once) == once
+@given(st.text(), st.sampled_from(["NFC", "NFKC"]))
+def test_idempotent_and_free_of_controls(text, form):
+    once = normalize_text(text, form)
+    assert normalize_text(once, form) == once
     assert not any(ord(c) < 32 and c != "\n" for c in once)
     assert "\n\n\n" not in once
 
@@ -33,7 +36,8 @@ def test_mojibake_is_repaired():
 
 def test_curly_quotes_and_entities_are_content():
     text = "He said “stop” &amp; left…"
-    assert normalize_text(text) == "He said “stop” &amp; left..."  # NFKC turns … into ..., quotes stay
+    assert normalize_text(text) == text
+    assert normalize_text(text, "NFKC") == "He said “stop” &amp; left..."  # … into ..., quotes stay
 
 
 def test_invalid_bytes_and_surrogates_become_replacement_characters():

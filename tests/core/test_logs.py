@@ -31,7 +31,7 @@ def test_ecs_json_lines_carry_run_fields(config):
 
 def test_lineage_from_airflow_environment():
     env = {
-        "AIRFLOW_CTX_DAG_ID": "corpus_ingest",
+        "AIRFLOW_CTX_DAG_ID": "corpus_crawl",
         "AIRFLOW_CTX_DAG_RUN_ID": "scheduled__2026-11-28T00:00:00+00:00",
         "AIRFLOW_CTX_TASK_ID": "clean",
         "AIRFLOW_CTX_TRY_NUMBER": "2",

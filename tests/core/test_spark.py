@@ -77,3 +77,44 @@ def test_write_parquet_bytes_depend_on_the_rows_only_and_an_empty_dataset_has_on
 
     with pytest.raises(RuntimeError, match="wrote 500 rows, 499 were counted"):
         write_parquet(df, tmp_path / "miscounted", 3, known_rows=499)
+
+
+SESSION_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(name)s %(message)s")
+import pipeline.core.spark as spark
+spark.PROGRESS_INTERVAL_S = 0.2
+from pipeline.config import load_config
+session = spark.spark_session(load_config(environ={}), "quiet")
+# Enough tasks that a 0.2 s look finds some running, each slow enough (a Python pass) to be seen.
+rows = session.range(0, 64, numPartitions=16).rdd.map(lambda r: __import__("time").sleep(0.3) or r).count()
+print("rows", rows)
+session.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_log_gets_progress_lines_and_no_console_bar_or_start_up_notices(tmp_path):
+    """Stderr captured (not a terminal), as in an Airflow task log: no `[Stage 0:==>` fragments, none of the
+    JVM's start-up notices (incubator modules, loopback hostname, native-hadoop, default log4j profile), and
+    the running stage's task counts as log lines instead."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    environment.pop("SPARK_LOCAL_IP", None)
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_SCRIPT],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and "rows 64" in done.stdout, done.stderr[-3000:]
+    for noise in ("[Stage", "incubator modules", "loopback address", "NativeCodeLoader", "log4j profile"):
+        assert noise not in done.stderr, (noise, done.stderr[-3000:])
+    assert re.search(r"LOG pipeline\.core\.spark spark: stage 0 \d+/16 tasks", done.stderr), done.stderr[
+        -3000:
+    ]

@@ -164,7 +164,7 @@ def run_publish_after_a_real_quality_task(airflow, snapshot, overrides):
     dag_id = "corpus_from_files"
     airflow.pause(dag_id)  # so that the run waits, queued, until the stages before the report are marked
     run_id = airflow.trigger(dag_id, {"snapshot": snapshot, "overrides": overrides})
-    marked = ("ingest", "clean", "dedup", "tokenize")
+    marked = ("ingest", "clean", "dedup", "classify", "decontaminate", "tokenize")
     airflow.wait(
         lambda: set(marked) <= set(airflow.task_instances(dag_id, run_id)), "the run's task instances"
     )
@@ -191,6 +191,8 @@ def test_a_snapshot_failing_the_gate_announces_no_token_shards_and_the_log_names
     """The quality gate end to end in Airflow: the quality task (mode fail, a threshold the sample cannot meet)
     records a failed verdict, publish_token_shards is skipped naming the threshold, and no event reaches the
     token_shards Asset; with the threshold met, the same run emits one event."""
+    from pipeline.classify import job as classify_job
+    from pipeline.decontaminate import job as decontaminate_job
     from pipeline.dedup import job as dedup_job
 
     corpus_config, snapshot = sample_corpus
@@ -199,7 +201,11 @@ def test_a_snapshot_failing_the_gate_announces_no_token_shards_and_the_log_names
     airflow.pause("pretrain")  # a paused DAG queues no asset-triggered run: the passing event trains nothing
     clean = DatasetRef.of(corpus_config, "clean", snapshot)
     dedup_job.run(config, [clean], DatasetRef.of(config, "dedup", "gate-fail"))
-    publish_copy(config, "gate-fail", "dedup", airflow.data_root, "gate-pass")
+    # Nothing configured: both pass the documents through, as in a default run; quality reads the last one.
+    ref = lambda stage: DatasetRef.of(config, stage, "gate-fail")  # noqa: E731
+    classify_job.run(config, [ref("dedup")], ref("classify"))
+    decontaminate_job.run(config, [ref("classify")], ref("decontaminate"))
+    publish_copy(config, "gate-fail", "decontaminate", airflow.data_root, "gate-pass")
     for name in ("gate-fail", "gate-pass"):
         publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, name)
 

@@ -8,7 +8,14 @@ import pendulum
 import pytest
 
 DAGS_FOLDER = Path(__file__).resolve().parents[2] / "dags"
-DAG_IDS = {"corpus_ingest", "corpus_from_files", "pretrain", "reprocess_corpus", "pretrain_pipeline"}
+DAG_IDS = {
+    "corpus_crawl",
+    "corpus_from_files",
+    "pretrain",
+    "reprocess_corpus",
+    "pretrain_pipeline",
+    "train_classifier",
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +54,38 @@ def test_form_fields_left_empty_are_accepted(dagbag):
                 assert params.validate()[name] is None, f"{dag.dag_id}.{name}"
 
 
-def test_corpus_ingest_maps_crawl_shards_then_runs_spark_stages_and_publishes_tokens(dagbag):
+def test_corpus_crawl_maps_crawl_shards_then_runs_spark_stages_and_publishes_tokens(dagbag):
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
     from operators.assets import TOKEN_SHARDS
 
-    dag = dagbag.dags["corpus_ingest"]
+    dag = dagbag.dags["corpus_crawl"]
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # @daily: one snapshot a day
     assert_chain(
-        dag, ["crawl_shards", "crawl_shard", "crawl", "clean", "dedup", "tokenize", "publish_token_shards"]
+        dag,
+        [
+            "crawl_shards",
+            "crawl_shard",
+            "crawl",
+            "clean",
+            "dedup",
+            "classify",
+            "decontaminate",
+            "tokenize",
+            "publish_token_shards",
+        ],
     )
     shard = dag.get_task("crawl_shard")
     assert isinstance(shard, MappedOperator) and shard.operator_class.__name__ == "CrawlOperator"
     assert dag.get_task("crawl").merge
-    for stage in ("clean", "dedup", "quality", "tokenize"):
+    for stage in ("clean", "dedup", "classify", "decontaminate", "quality", "tokenize"):
         assert type(dag.get_task(stage)).__name__ == "PipelineSparkSubmitOperator"
     assert dag.get_task("clean").input_stage == "crawl"
-    assert dag.get_task("tokenize").input_stage == "dedup"
-    assert dag.get_task("quality").upstream_task_ids == {"dedup"}  # beside tokenize, not before
-    assert dag.get_task("quality").input_stage == "dedup"
+    assert dag.get_task("classify").input_stage == "dedup"
+    assert dag.get_task("tokenize").input_stage == "decontaminate"
+    assert dag.get_task("quality").upstream_task_ids == {"decontaminate"}  # beside tokenize, not before
+    assert dag.get_task("quality").input_stage == "decontaminate"
+    assert "train_classifier" not in dag.task_ids  # trained by hand (its own DAG), not every day
     # It waits for the quality report too: a report that fails its gate in mode fail holds the snapshot back.
     assert dag.get_task("publish_token_shards").upstream_task_ids == {"tokenize", "quality"}
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
@@ -102,7 +122,7 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
     assert_chain(dag, ["training_run", "train", "export", "report"])
     assert_chain(dag, ["train", "evaluate", "report"])
     train = dag.get_task("train")
-    assert type(train).__name__ == "PyTorchJobOperator" and train.execution_timeout == TRAINING_TIMEOUT
+    assert type(train).__name__ == "TrainOperator" and train.execution_timeout == TRAINING_TIMEOUT
     form = {
         "preset",
         "steps",
@@ -146,7 +166,7 @@ def test_reprocess_corpus_reads_stored_crawls_for_backfills(dagbag):
     assert dag.timetable.expression == "0 0 * * *" and not dag.catchup  # backfills need a schedule
     assert dag.start_date <= pendulum.datetime(2021, 1, 1, tz="UTC")  # years of snapshots can be backfilled
     assert "crawl" not in dag.task_ids
-    assert_chain(dag, ["stored_source", "ingest", "clean", "dedup", "tokenize"])
+    assert_chain(dag, ["stored_source", "ingest", "clean", "dedup", "classify", "decontaminate", "tokenize"])
     assert "stored_source" in dag.get_task("clean").upstream_task_ids  # a crawl skips the ingest
     assert dag.get_task("clean").trigger_rule == "none_failed_min_one_success"
     assert "stored_source" in dag.get_task("clean").input_stage  # the stored source, at run time
@@ -159,10 +179,22 @@ def test_corpus_from_files_ingests_then_runs_the_corpus_stages_and_publishes_tok
 
     dag = dagbag.dags["corpus_from_files"]
     assert type(dag.timetable).__name__ == "NullTimetable"  # triggered by hand, with its sources
-    assert_chain(dag, ["run_overrides", "ingest", "clean", "dedup", "tokenize", "publish_token_shards"])
+    assert_chain(
+        dag,
+        [
+            "run_overrides",
+            "ingest",
+            "clean",
+            "dedup",
+            "classify",
+            "decontaminate",
+            "tokenize",
+            "publish_token_shards",
+        ],
+    )
     assert type(dag.get_task("ingest")).__name__ == "PipelineSparkSubmitOperator"
     assert dag.get_task("clean").input_stage == "ingest"
-    assert dag.get_task("quality").upstream_task_ids == {"dedup", "run_overrides"}  # beside tokenize
+    assert dag.get_task("quality").upstream_task_ids == {"decontaminate", "run_overrides"}  # beside tokenize
     assert dag.get_task("publish_token_shards").outlets == [TOKEN_SHARDS]
     assert set(dag.params) == {"snapshot", "config_path", "overrides", "sources"}
 
@@ -180,7 +212,7 @@ def test_a_runs_sources_become_validated_ingest_overrides():
 
 def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
     dag = dagbag.dags["pretrain_pipeline"]
-    order = ["crawl", "clean", "dedup", "tokenize", "train", "export", "report"]
+    order = ["crawl", "clean", "dedup", "classify", "decontaminate", "tokenize", "train", "export", "report"]
     assert type(dag.get_task("crawl")).__name__ == "CrawlOperator" and not dag.get_task("crawl").merge
     assert sorted(dag.task_ids) == sorted([*order, "evaluate"])
     assert_chain(dag, order)
@@ -191,7 +223,7 @@ def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
 
 RUNNER_OPERATORS = {
     "spark": "PipelineSparkSubmitOperator",
-    "torchrun": "PyTorchJobOperator",
+    "torchrun": "TrainOperator",
     "python": "PipelineStageOperator",
 }
 
@@ -225,8 +257,8 @@ def test_every_dag_wires_its_stages_as_the_registry_declares(dagbag):
 
 
 def test_a_new_registry_entry_joins_the_dags(monkeypatch):
-    """Adding a stage is one registry entry: a semantic-dedup stage between dedup and tokenize lands in
-    the corpus DAGs in the right place, with quality and tokenize reading it."""
+    """Adding a stage is one registry entry: a semantic-dedup stage between dedup and classify lands in
+    the corpus DAGs in the right place, with classify reading it."""
     import dataclasses
 
     from airflow.sdk import DAG
@@ -244,7 +276,7 @@ def test_a_new_registry_entry_joins_the_dags(monkeypatch):
     )
     entries = []
     for entry in stages.STAGES:
-        if entry.name in ("quality", "tokenize"):
+        if entry.name == "classify":
             entry = dataclasses.replace(entry, reads=("semantic_dedup",))
         entries.append(entry)
         if entry.name == "dedup":
@@ -254,8 +286,8 @@ def test_a_new_registry_entry_joins_the_dags(monkeypatch):
 
     with DAG("slot_in", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
         stage_tasks(corpus_stages(reports=True))
-    assert_chain(dag, ["clean", "dedup", "semantic_dedup", "tokenize"])
+    assert_chain(dag, ["clean", "dedup", "semantic_dedup", "classify", "decontaminate", "tokenize"])
     assert dag.get_task("semantic_dedup").input_stage == "dedup"
-    assert dag.get_task("tokenize").input_stage == "semantic_dedup"
-    assert dag.get_task("quality").upstream_task_ids == {"semantic_dedup"}
+    assert dag.get_task("classify").input_stage == "semantic_dedup"
+    assert dag.get_task("quality").upstream_task_ids == {"decontaminate"}
     assert dag.get_task("tokenize").downstream_task_ids == set()

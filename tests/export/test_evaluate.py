@@ -72,11 +72,12 @@ def test_continuation_items_put_the_truth_among_other_documents_continuations():
 
 
 @pytest.mark.slow
-def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path):
+def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, monkeypatch, capfd):
     """A short training on the synthetic corpus, then export and evaluate through their entrypoints:
     lm-evaluation-harness runs offline on the exported folder with the held-out continuation task, and its
     log-likelihood of every choice equals our own model's (independent reference: lm-eval's encoding rule,
-    context and context + choice encoded whole, the window cut to the context length)."""
+    context and context + choice encoded whole, the window cut to the context length). Run from a folder
+    outside any git checkout, as a deployed image runs, the log holds no `fatal: not a git repository`."""
     from tokenizers import Tokenizer
 
     from pipeline.evaluate.__main__ import main as evaluate_main
@@ -91,8 +92,11 @@ def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path):
     write_token_corpus(config, "lm")
     train(single_process(config, tmp_path), "lm")
     path = write_config(config, tmp_path / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
     for main in (export_main, evaluate_main):
         assert main(["--config", str(path), "--snapshot", "lm"]) == 0
+    assert "not a git repository" not in capfd.readouterr().err
 
     folder = DatasetRef.of(config, "evaluate", "lm").path
     metrics = json.loads((folder / "metrics.json").read_text())["lm_eval"]

@@ -36,4 +36,5 @@ def start(op, try_number=1):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": TaskTry(try_number=try_number)})
     assert deferred.value.method_name == "execute_complete"
+    assert set(deferred.value.kwargs) == {"run"}  # the run the operator decided, handed to execute_complete
     return deferred.value.trigger

@@ -1,7 +1,7 @@
 """Spark on Kubernetes in docker/k8s: every pod there is hardened, the Spark pieces agree with each other and
 with the image, and the pod templates' commands start Spark's driver and executor as Spark asks.
 
-kubernetes-validate checks every manifest's schema (test_kubeflow_manifest.py); no Kubernetes API server runs
+kubernetes-validate checks every manifest's schema (test_pytorchjob_v1_manifest.py); no Kubernetes API server runs
 here, so whether a cluster admits and runs these pods is not checked. The commands run here with stand-ins
 for `java` and `spark-submit` that print what they were given.
 """

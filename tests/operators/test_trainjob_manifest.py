@@ -10,15 +10,15 @@ import yaml
 
 from operators.kubeflow import __main__ as render_cli
 from operators.kubeflow.api import TRAINER_V2, job_state
-from operators.kubeflow.manifest import (
+from operators.kubeflow.job_parts import (
     CONFIG_ENV,
     InvalidManifestError,
     KubernetesJobSettings,
     container_security_context,
     crd_errors,
     pod_security_context,
-    render_pytorch_job,
 )
+from operators.kubeflow.pytorchjob_v1 import render_pytorch_job
 from operators.kubeflow.trainjob import (
     RUNTIME_CRD,
     TRAINJOB_CRD,
@@ -286,7 +286,7 @@ def test_shipped_runtime_is_valid_and_matches_the_defaults():
     assert spec["template"]["spec"]["failurePolicy"]["maxRestarts"] == defaults.max_restarts
     pod = spec["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["imagePullPolicy"] == defaults.image_pull_policy
-    # The same hardening as the v1 pod templates, declared once in operators/kubeflow/manifest.py.
+    # The same hardening as the v1 pod templates, declared once in operators/kubeflow/pytorchjob_v1.py.
     assert pod["securityContext"] == pod_security_context()
     assert pod["containers"][0]["securityContext"] == container_security_context()
 

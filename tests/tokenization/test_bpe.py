@@ -39,15 +39,26 @@ def tokenizer(request):
 
 
 @pytest.mark.parametrize("text", SAMPLES, ids=["english", "chinese", "code", "emoji", "nfkc"])
-def test_round_trip_is_nfkc_of_the_text(tokenizer, text):
-    assert tokenizer.decode(tokenizer.encode(text).ids) == unicodedata.normalize("NFKC", text)
+def test_round_trip_is_the_nfc_of_the_text(tokenizer, text):
+    assert tokenizer.decode(tokenizer.encode(text).ids) == unicodedata.normalize("NFC", text)
+
+
+def test_the_normal_form_is_a_setting_and_nfc_keeps_chinese_punctuation():
+    """NFKC folded "，" into "," and "…" into "...": a model trained on it writes Chinese with ASCII commas."""
+    text = "我们的花园，很美……ｆｕｌｌ ™"
+    for form in ("NFC", "NFKC"):
+        config = TokenizerConfig(vocab_size=600, min_frequency=1, unicode_form=form)
+        trained = train_tokenizer(corpus(), config)
+        assert trained.decode(trained.encode(text).ids) == unicodedata.normalize(form, text)
+    nfc = train_tokenizer(corpus(), TokenizerConfig(vocab_size=600, min_frequency=1))
+    assert nfc.decode(nfc.encode(text).ids) == text
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cn")), max_size=60))
 def test_round_trip_on_random_text(text):
     tokenizer = _shared_tokenizer()
-    assert tokenizer.decode(tokenizer.encode(text).ids) == unicodedata.normalize("NFKC", text)
+    assert tokenizer.decode(tokenizer.encode(text).ids) == unicodedata.normalize("NFC", text)
 
 
 _CACHE = {}
@@ -94,7 +105,7 @@ def test_tokenizer_loads_in_transformers_with_its_special_tokens(tokenizer, tmp_
         for text in SAMPLES:
             ids = fast.encode(text)
             assert ids == tokenizer.encode(text).ids
-            assert fast.decode(ids) == unicodedata.normalize("NFKC", text)
+            assert fast.decode(ids) == unicodedata.normalize("NFC", text)
     auto = AutoTokenizer.from_pretrained(str(tmp_path))
     assert auto.eos_token == config.eos_token and auto.eos_token_id == tokenizer.token_to_id(config.eos_token)
     assert auto.pad_token_id == tokenizer.token_to_id(config.pad_token)

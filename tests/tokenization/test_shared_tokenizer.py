@@ -99,7 +99,18 @@ def test_snapshots_share_the_corpus_tokenizer_and_give_the_same_ids_for_the_same
     ]
     assert (
         tokenizer_cli(
-            ["train", "--name", "both", "--source", "sample:2026-11-*", "--source", "books:all", *common]
+            [
+                "train",
+                "--name",
+                "both",
+                "--source",
+                "sample:2026-11-*",
+                "--source",
+                "books:all",
+                "--input-stage",
+                "dedup",
+                *common,
+            ]
         )
         == 0
     )

@@ -186,7 +186,7 @@ def publish_report(config, inputs, output):
 
 
 def test_a_stage_run_keeps_the_registry_artifacts_and_the_reported_metrics(argv, mlflow_store, experiment):
-    for stage in ("crawl", "clean", "dedup"):
+    for stage in ("crawl", "clean", "dedup", "classify", "decontaminate"):
         stage_main(argv("art"), stage=stage, description="", run=publish(2, 1))
     stage_main(argv("art"), stage="quality", description="", run=publish_report)
     client, found = experiment_runs(mlflow_store, experiment)

@@ -284,7 +284,7 @@ def test_the_registered_version_generates_text_without_this_project(trained):
 
     from tokenizers import Tokenizer
 
-    from pipeline.tracking.samples import greedy_generate
+    from pipeline.model.inference import greedy_generate
 
     model = load_model(f"models:/{name}/{version}", tracking=server)
     tokenizer = Tokenizer.from_file(str(DatasetRef.of(config, "tokenize", snapshot).path / "tokenizer.json"))

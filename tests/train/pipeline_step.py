@@ -24,13 +24,13 @@ def main(out: Path, config_path: Path, snapshot: str, variants: dict[str, list[s
     for name, overrides in variants.items():
         config = load_config(config_path, [*overrides, f"train.run_id={name}", "train.resume=false"])
         trainer = Trainer(config, snapshot)
-        trainer.forward_backward(trainer.next_batches())
-        parts = trainer.model
-        if trainer.pipeline is not None:
-            trainer.pipeline.sync_tied_gradients()
-            parts = trainer.pipeline
-        loss = trainer.ctx.all_reduce(trainer._loss_sum.clone())
-        grads = {key: p.grad.detach().clone() for key, p in parts.named_parameters() if p.grad is not None}
+        parallelism = trainer.parallelism
+        step = parallelism.forward_backward(trainer.next_batches())
+        parallelism.finish_gradients()
+        loss = trainer.ctx.all_reduce(step.loss_sum.clone())
+        grads = {
+            key: p.grad.detach().clone() for key, p in parallelism.named_parameters() if p.grad is not None
+        }
         torch.save({"loss": loss, "grads": grads}, out / f"{name}-rank{trainer.ctx.rank}.pt")
         trainer.metrics.close("FINISHED")
     if dist.is_initialized():

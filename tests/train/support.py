@@ -228,8 +228,20 @@ def pretrain_train(config_path: Path, snapshot: str, *overrides: str) -> list[st
     ]
 
 
-def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, str] | None = None, **popen):
-    """Start ``torchrun <args> -m pipeline.train`` on a written config; returns the Popen (see ``finish``)."""
+TORCHRUN_RUN = "by-hand"  # the run ``torchrun`` trains: ranks train the run their launcher names
+
+
+def torchrun(
+    args: list[str],
+    config_path: Path,
+    snapshot: str,
+    env: dict[str, str] | None = None,
+    run_id: str = TORCHRUN_RUN,
+    **popen,
+):
+    """Start ``torchrun <args> -m pipeline.train`` on a written config, as a user starting torchrun by hand does:
+    naming the run (``train.run_id``), which `pretrain train` decides for its own torchrun. Returns the Popen
+    (see ``finish``)."""
     command = [
         sys.executable,
         "-m",
@@ -241,6 +253,8 @@ def torchrun(args: list[str], config_path: Path, snapshot: str, env: dict[str, s
         str(config_path),
         "--snapshot",
         snapshot,
+        "--set",
+        f"train.run_id={run_id}",
     ]
     environment = {**child_environment(), "OMP_NUM_THREADS": "1", **(env or {})}  # what the stage passes
     return start(command, env=environment, **popen)

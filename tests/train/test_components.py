@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.model.checkpoint import Checkpointer, CheckpointError
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint import (
-    Checkpointer,
-    CheckpointError,
     CheckpointManager,
     PerRankState,
     RNGState,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.core.storage import DatasetRef
-from pipeline.train.components.checkpoint import Checkpointer
+from pipeline.model.checkpoint import Checkpointer
 from pipeline.train.trainer import train
 from tests.train.support import (
     finish,

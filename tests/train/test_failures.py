@@ -18,7 +18,7 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.core.proc import ChildFailedError
 from pipeline.core.storage import DatasetRef, MissingInputError
-from pipeline.train.components.checkpoint import CheckpointError
+from pipeline.model.checkpoint import CheckpointError
 from pipeline.train.failures import (
     EXIT_NOT_RETRIED,
     FailureRecord,
@@ -154,7 +154,9 @@ def test_under_torchrun_alone_the_rank_still_stops_its_agent_instead_of_a_restar
     staging = DatasetRef.of(config, "train", SNAPSHOT).staging_path(resumable=True)
 
     with read_only(staging / "checkpoints"):
-        agent = torchrun(["--standalone", "--nproc-per-node=2", "--max-restarts=3"], path, SNAPSHOT)
+        agent = torchrun(
+            ["--standalone", "--nproc-per-node=2", "--max-restarts=3"], path, SNAPSHOT, run_id="ro"
+        )
         output = finish(agent, expect_success=False)
 
     assert agent.returncode != 0 and "Received 15 death signal" in output, output[-5000:]

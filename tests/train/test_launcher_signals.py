@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from pipeline.core.storage import DatasetRef
-from pipeline.train.components.checkpoint import Checkpointer
+from pipeline.model.checkpoint import Checkpointer
 from pipeline.train.failures import EXIT_STOPPED
 from pipeline.train.faults import ENV_FAULT
 from pipeline.train.runs import RunRecord

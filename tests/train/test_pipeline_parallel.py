@@ -21,16 +21,9 @@ from pipeline.config import load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
 from pipeline.model import model_config
+from pipeline.model.checkpoint import Checkpointer, CheckpointError, checkpoint_layout_problem, shard_folder
 from pipeline.model.gpt import GPT
-from pipeline.train.components.checkpoint import Checkpointer, CheckpointError
-from pipeline.train.pipeline_parallel import (
-    balanced_split,
-    checkpoint_layout_problem,
-    full_name,
-    shard_folder,
-    stage_model,
-    theoretical_bubble,
-)
+from pipeline.train.pipeline_parallel import balanced_split, full_name, stage_model, theoretical_bubble
 from pipeline.train.trainer import train
 from tests.train.support import (
     finish,
@@ -443,12 +436,11 @@ def test_a_pipeline_run_leaves_one_whole_model_for_export(one_f_one_b):
     """The manifest's checkpoint is rank 0's part; whole_model_checkpoint merges every rank's part of that step
     into the unsplit model (loaded strictly), which exports to transformers with our logits."""
     from pipeline.export.hf import SpecialTokens, build_hf_model
-    from pipeline.tracking.samples import load_model
-    from pipeline.train.pipeline_parallel import whole_model_checkpoint
+    from pipeline.model.checkpoint import model_from_state, whole_model_checkpoint
 
     _, _, shards, manifest = one_f_one_b
     state = whole_model_checkpoint(Path(manifest.path) / manifest.extra["checkpoint"])
-    model = load_model(state)  # load_state_dict is strict: no part may be missing
+    model = model_from_state(state)  # load_state_dict is strict: no part may be missing
     for shard in shards:
         for name, tensor in shard["model"].items():
             assert torch.equal(model.state_dict()[name], tensor), name

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pipeline.core.storage import DatasetRef
-from pipeline.train.components.checkpoint import Checkpointer, CheckpointError
+from pipeline.model.checkpoint import Checkpointer, CheckpointError
 from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord
+from pipeline.train.runs import RunRecord, decide_run
 from pipeline.train.trainer import Trainer, TrainingStopped, train
 from tests.train.support import losses, single_process, train_config, unfinished_run, write_token_corpus
 
@@ -107,8 +107,9 @@ def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle: the checksum must catch it
     newest.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.train.components.checkpoint"):
-        trainer = Trainer(single_process(config, tmp_path), SNAPSHOT)
+    config = single_process(config, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="pipeline.model.checkpoint"):
+        trainer = Trainer(config.with_run(decide_run(config, SNAPSHOT)), SNAPSHOT)
     assert trainer.step == 6
     assert "does not match its checksum" in caplog.text
     trainer.run()

@@ -12,7 +12,7 @@ import torch
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import LATEST, DatasetRef
 from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord
+from pipeline.train.runs import RunRecord, decide_run
 from pipeline.train.trainer import Trainer, TrainingStopped, train
 from tests.train.support import (
     finish,
@@ -67,7 +67,8 @@ def test_resume_finds_the_unfinished_run_of_its_settings_past_another_run(tmp_pa
     other = train(single_process(train_config(tmp_path / "data", "train.lr=0.001"), tmp_path), SNAPSHOT)
     assert other.extra["run_id"] != stopped  # started after, but with another learning rate
 
-    trainer = Trainer(single_process(config, tmp_path), SNAPSHOT)
+    config = single_process(config, tmp_path)
+    trainer = Trainer(config.with_run(decide_run(config, SNAPSHOT)), SNAPSHOT)
     assert (trainer.run_id, trainer.step) == (stopped, 4)
     resumed = trainer.run()
     assert resumed.extra["run_id"] == stopped and resumed.rows["steps"] == 8

@@ -121,3 +121,22 @@ def test_the_trainer_runs_with_train_threads_per_rank(tmp_path, caplog, torch_th
         train(config, SNAPSHOT)
     assert torch.get_num_threads() == 2
     assert "2 thread(s) per rank (train.threads_per_rank)" in caplog.text
+
+
+def test_a_rank_names_the_launchers_choice_as_the_launchers(tmp_path, cores, monkeypatch, torch_threads):
+    """Ranks used to log `(OMP_NUM_THREADS was already set)` about the value their own launcher had set."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = child_environment(train_settings(tmp_path, "train.nproc_per_node=2"))
+    for name in ("OMP_NUM_THREADS", "PRETRAIN_THREADS_CHOSEN_BY"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    choice = set_rank_threads(train_settings(tmp_path, "train.nproc_per_node=2"))
+    assert choice.source == "launcher" and "already set" not in str(choice)
+    assert (
+        str(choice)
+        == "1 thread(s) per rank (chosen by the launcher: 2 usable core(s) / 2 rank(s) on this node)"
+    )
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own value, passed through: said as such
+    user = child_environment(train_settings(tmp_path, "train.nproc_per_node=2"))
+    assert user["OMP_NUM_THREADS"] == "3" and "PRETRAIN_THREADS_CHOSEN_BY" not in user

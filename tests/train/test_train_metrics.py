@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.core.storage import DatasetRef
-from pipeline.tracking.metrics import PrometheusMetrics
+from pipeline.tracking.metric_sinks import PrometheusMetrics
 from pipeline.tracking.mlflow_runs import ENV_RUN_ID
 from pipeline.train.trainer import Trainer
 from tests.train.support import single_process, train_config, write_token_corpus
@@ -49,7 +49,7 @@ def _train(tmp_path):
         tmp_path,
     )
     write_token_corpus(config, SNAPSHOT)
-    trainer = Trainer(config, SNAPSHOT)
+    trainer = Trainer(config.with_run("metrics"), SNAPSHOT)
     # One step by hand, so the endpoint can be scraped while the run is alive; run() does the rest.
     trainer.train_step()
     trainer.metrics.log(trainer._train_metrics(), trainer.step)

@@ -7,7 +7,7 @@
 - ``checkpoint``: ``CheckpointManager`` over the registered parts; atomic, checksummed files, newest-valid
   loading, per-rank state (RNG);
 - ``evaluation``: validation loss over a fixed set of windows, split over the ranks;
-- ``metrics``: throughput, MFU, memory and MoE routing figures for ``pipeline.tracking.metrics``.
+- ``metrics``: throughput, MFU, memory and MoE routing figures for ``pipeline.tracking.metric_sinks``.
 
 The data loader is ``pipeline.data.loader`` (exact ``state_dict`` including resharding).
 """

@@ -72,7 +72,7 @@ class MixedPrecision:
                     agree_found_inf(found_inf)
         parameters = [p for p in parameters if p.grad is not None]
         if total_norm is None:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         else:
             norm = total_norm(parameters)
         if max_norm > 0:
@@ -119,8 +119,9 @@ def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
 def _step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
     """Fused Adam(W) reads these attributes, as GradScaler sets them: a non-zero flag leaves parameters,
     moments and step counts as they were, decided on the device."""
-    optimizer.grad_scale, optimizer.found_inf = None, found_inf
+    fused: Any = optimizer  # the attributes are a protocol of torch's fused kernels, not of Optimizer
+    fused.grad_scale, fused.found_inf = None, found_inf
     try:
         optimizer.step()
     finally:
-        del optimizer.grad_scale, optimizer.found_inf
+        del fused.grad_scale, fused.found_inf

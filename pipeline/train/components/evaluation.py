@@ -54,32 +54,14 @@ class Validator:
         return self.dataset is not None
 
     @torch.no_grad()
-    def evaluate(
-        self, model: torch.nn.Module, autocast: Callable, all_reduce_sum: Callable[[torch.Tensor], None]
-    ) -> float | None:
-        """Mean validation loss over all ranks' windows; every rank must call it (one collective)."""
-        if self.dataset is None:
-            return None
-
-        def lm_loss(inputs, targets, documents):
-            with autocast():
-                return model(inputs, targets, documents).lm_loss
-
-        was_training = model.training
-        model.eval()
-        try:
-            return self.evaluate_with(lm_loss, all_reduce_sum)
-        finally:
-            model.train(was_training)
-
-    @torch.no_grad()
     def evaluate_with(
         self,
         lm_loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor | None],
-        all_reduce_sum: Callable[[torch.Tensor], None],
+        all_reduce_sum: Callable[[torch.Tensor], object],
     ) -> float | None:
-        """As ``evaluate``, with ``lm_loss(inputs, targets, document_ids)`` giving each batch's mean loss, or
-        None on a rank that does not compute it (a pipeline rank without the last stage: its windows are
+        """Mean validation loss over all ranks' windows, every rank calling it (one collective), with
+        ``lm_loss(inputs, targets, document_ids)`` (the parallelism's ``validation_loss``, in eval mode) giving
+        each batch's mean loss, or None on a rank that does not compute it (a pipeline rank without the last stage: its windows are
         counted where the loss is)."""
         if self.dataset is None:
             return None
@@ -102,7 +84,5 @@ class Validator:
         return loss_sum / count if count else None
 
 
-def perplexity(loss: float | None) -> float | None:
-    if loss is None:
-        return None
+def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf

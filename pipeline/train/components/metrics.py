@@ -1,6 +1,6 @@
 """The trainer's figures beyond loss: throughput, MFU, memory and MoE routing.
 
-They go out through ``pipeline.tracking.metrics`` (metrics.jsonl, MLflow, TensorBoard, Prometheus, ECS lines).
+They go out through ``pipeline.tracking.metric_sinks`` (metrics.jsonl, MLflow, TensorBoard, Prometheus, ECS lines).
 Nothing here synchronises with the device except where a logged value needs a number.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from pipeline.train.config import TrainConfig
@@ -35,10 +36,10 @@ def build_optimizer(
     return torch.optim.AdamW(groups, **options)
 
 
-class OptimizerState:
+class OptimizerState(Stateful):
     """The optimizer as a checkpoint part.
 
-    ``state_dict()`` is the full state on rank 0 (None elsewhere). Collective under ZeRO-1: every rank must call
+    ``state_dict()`` is the full state on rank 0 (empty elsewhere: only rank 0 writes the checkpoint). Collective under ZeRO-1: every rank must call
     it, since each holds only its shard; the consolidated state has the same layout as a plain AdamW's.
     ``load_state_dict()`` takes that full state on every rank (ZeRO-1 keeps its own shard of it).
     """
@@ -47,10 +48,10 @@ class OptimizerState:
         self.optimizer = optimizer
         self.rank = rank
 
-    def state_dict(self) -> dict[str, Any] | None:
+    def state_dict(self) -> dict[str, Any]:
         if isinstance(self.optimizer, ZeroRedundancyOptimizer):
             self.optimizer.consolidate_state_dict(to=0)
-        return self.optimizer.state_dict() if self.rank == 0 else None
+        return self.optimizer.state_dict() if self.rank == 0 else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)

@@ -7,18 +7,18 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 
 from operators.base import PipelineOperator
+from operators.training import LAUNCHERS
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
-from pipeline.train.launch import train
+from pipeline.train.launch import name_run, train
 
-LAUNCHERS = ("local", "kubernetes")
 ON_FINISH = ("delete", "delete_succeeded", "keep")
 SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
-class PyTorchJobOperator(PipelineOperator):
+class TrainOperator(PipelineOperator):
     """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow job on Kubernetes.
 
     ``launcher="local"`` trains as `pretrain train` does (the same run: new, resumed or ``train.run_id``,
@@ -27,7 +27,7 @@ class PyTorchJobOperator(PipelineOperator):
 
     ``launcher="kubernetes"`` renders, by the kubernetes setting ``api``, a Kubeflow Trainer v2 ``TrainJob``
     (``trainer-v2``, the default; ``operators.kubeflow.trainjob``) or a legacy ``kubeflow.org/v1`` PyTorchJob
-    (``pytorchjob-v1``; ``operators.kubeflow.manifest``), creates it, and defers to a trigger that polls the
+    (``pytorchjob-v1``; ``operators.kubeflow.pytorchjob_v1``), creates it, and defers to a trigger that polls the
     job's conditions. Both go through the same steps below. The job's name is derived from the
     task instance (dag, run, task, map index) and not from the try number, so a retry finds the job
     its previous try created and reattaches to it instead of creating a second one; a previous try's
@@ -62,7 +62,7 @@ class PyTorchJobOperator(PipelineOperator):
         self.launcher = launcher
         self.nproc_per_node = nproc_per_node
         self.nnodes = nnodes
-        self.input_stage = input_stage or registered_stage("train").default_input
+        self.input_stage = input_stage or registered_stage("train").reads[0]
         self.kubernetes_conn_id = kubernetes_conn_id
         self.kubernetes_settings = dict(kubernetes_settings or {})
         self.on_finish = on_finish
@@ -88,7 +88,7 @@ class PyTorchJobOperator(PipelineOperator):
     def execute(self, context) -> str:
         launcher = self._checked_launcher()
         config = self._config()
-        tokens = DatasetRef.of(config, self.input_stage, self.snapshot)
+        tokens = DatasetRef.of(config, self.input_stage, self.task_snapshot)
         if launcher == "local":
             return self._run_local(config, tokens)
         return self._start_kubernetes(config, context)
@@ -98,9 +98,9 @@ class PyTorchJobOperator(PipelineOperator):
     def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
         """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
         manifest = train(
-            config,
+            config.with_run(name_run(config, self.task_snapshot)),
             tokens,
-            self.snapshot,
+            self.task_snapshot,
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,
         )
@@ -111,7 +111,7 @@ class PyTorchJobOperator(PipelineOperator):
     def job_settings(self):
         from airflow.sdk import Variable
 
-        from operators.kubeflow.manifest import KubernetesJobSettings
+        from operators.kubeflow.job_parts import KubernetesJobSettings
 
         settings = KubernetesJobSettings().merged(
             Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True)
@@ -132,22 +132,23 @@ class PyTorchJobOperator(PipelineOperator):
 
     def _start_kubernetes(self, config: PipelineConfig, context) -> str:
         from operators.kubeflow.api import job_api, job_state
-        from operators.kubeflow.manifest import job_name
+        from operators.kubeflow.job_parts import job_name
         from operators.kubeflow.trainjob import render_job
         from operators.kubeflow.trigger import TRIGGERS
 
         ti = context["ti"]
         name = job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
-        # The pods write the run the config names; unnamed, it is named after the job, so a retry that
-        # resubmits the job resumes it and execute_complete knows where the output is.
-        config = config.with_run(config.train.run_id or name)
+        # The one decision of the run the pods train: the config's, else the job's name, so a retry that
+        # resubmits the job resumes it. execute_complete is handed the same run.
+        run = name_run(config, self.task_snapshot, default=name)
+        config = config.with_run(run)
         settings = self.job_settings()
         api = job_api(settings.api)
         lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
         manifest = render_job(
             config,
             name=name,
-            snapshot=self.snapshot,
+            snapshot=self.task_snapshot,
             input_stage=self.input_stage,
             settings=settings,
             lineage=lineage,
@@ -188,6 +189,7 @@ class PyTorchJobOperator(PipelineOperator):
                     "state": state,
                     "message": message,
                 },
+                run=run,
             )
         else:
             self.log.info("reattaching to %s %s/%s (%s) created by an earlier try", *job, state)
@@ -199,9 +201,12 @@ class PyTorchJobOperator(PipelineOperator):
                 poll_interval=self.poll_interval,
             ),
             method_name="execute_complete",
+            kwargs={"run": run},
         )
 
-    def execute_complete(self, context, event: dict[str, Any]) -> str:
+    def execute_complete(self, context, event: dict[str, Any], run: str) -> str:
+        """The job ended: its node-0 log into the task log, the job deleted or kept, and the output path of the
+        run ``_start_kubernetes`` decided."""
         from operators.kubeflow.api import PYTORCHJOB_V1, job_api
 
         name, namespace, state = event["name"], event["namespace"], event["state"]
@@ -223,8 +228,7 @@ class PyTorchJobOperator(PipelineOperator):
         self._job = None
         if not succeeded:
             raise AirflowException(f"{api.kind} {namespace}/{name} ended {state}: {event.get('message', '')}")
-        config = self._config()
-        train = DatasetRef.of(config.with_run(config.train.run_id or name), "train", self.snapshot)
+        train = DatasetRef.of(self._config().with_run(run), "train", self.task_snapshot)
         if not train.is_complete():
             self.log.warning(
                 "%s is not visible from this worker; mount the job's volume at project.data_root to read it",

@@ -1,15 +1,12 @@
-"""Render and validate a Kubeflow ``kubeflow.org/v1`` PyTorchJob for one training run; the job settings and the
-pod parts (command, environment, resources, volumes, labels) that the TrainJob renderer shares.
+"""What every Kubeflow training job we render shares, whichever API renders it: the cluster settings, the pod
+(command, environment, resources, security, volumes, scheduling, labels), and validation against vendored CRD
+schemas and the core Kubernetes types.
 
-The job runs the same entrypoint as the local launcher (`torchrun -m pipeline.train`) in the pipeline image.
-The resolved config travels inside the manifest (an environment variable the container writes to a file), so
-the job is self-describing: `kubectl get pytorchjob -o yaml` shows exactly what was trained. Data and
-checkpoints live on a shared PersistentVolumeClaim mounted at ``project.data_root``, so Airflow workers that
-mount the same volume at the same path read the results (the report task) without copying.
-
-Validation has two parts: each replica's pod spec against the core Kubernetes OpenAPI schema
-(kubernetes-validate), and the whole object against the PyTorchJob CRD's OpenAPI schema kept in
-``docker/k8s/crds/``, plus the rules the training-operator's admission webhook enforces.
+The renderers are named by the API they render: ``operators.kubeflow.trainjob`` (Kubeflow Trainer v2
+``TrainJob``, the default) and ``operators.kubeflow.pytorchjob_v1`` (the legacy ``kubeflow.org/v1``
+PyTorchJob). The CRD schemas and the shipped ClusterTrainingRuntime are package data (``resources/``, read with
+``importlib.resources``), so an installed wheel renders jobs wherever it runs; ``docker/k8s/`` links to them
+for ``kubectl apply``.
 """
 
 from __future__ import annotations
@@ -20,31 +17,18 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import yaml
 
-from operators.kubeflow.api import DEFAULT_API, PYTORCHJOB_V1, job_api
-from operators.kubeflow.api import job_state as job_state  # re-exported for the v1 path's callers
+from operators.kubeflow.api import DEFAULT_API, job_api
 from pipeline.config import PipelineConfig
-from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.lineage import Lineage
-from pipeline.stages import stage as registered_stage
 
-GROUP = PYTORCHJOB_V1.group
-VERSION = PYTORCHJOB_V1.version
-PLURAL = PYTORCHJOB_V1.plural
-KIND = PYTORCHJOB_V1.kind
-CONTAINER_NAME = PYTORCHJOB_V1.container
-PORT_NAME = "pytorchjob-port"  # the training-operator finds the rendezvous port by this name
-K8S_DIR = PROJECT_ROOT / "docker" / "k8s"
-CRD_PATH = K8S_DIR / "crds" / "kubeflow.org_pytorchjobs.yaml"
 CONFIG_ENV = "PRETRAIN_CONFIG_YAML"
 CONFIG_FILE_IN_POD = "/tmp/pretrain-config.yaml"
 
-RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-CLEAN_POD_POLICIES = ("None", "Running", "All")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -61,7 +45,7 @@ class KubernetesJobSettings:
     api: str = DEFAULT_API
     """trainer-v2: a Kubeflow Trainer v2 TrainJob; pytorchjob-v1: a legacy training-operator PyTorchJob."""
     runtime_name: str = "pretrain-torch-distributed"
-    """trainer-v2: the ClusterTrainingRuntime the TrainJob references (docker/k8s/torch-distributed-runtime.yaml)."""
+    """trainer-v2: the ClusterTrainingRuntime the TrainJob references (resources/torch-distributed-runtime.yaml)."""
     image: str = "pretrain-pipeline:latest"
     image_pull_policy: str = "IfNotPresent"
     namespace: str = "pretrain"  # docker/k8s/namespace.yaml: the jobs, the Spark pods and the data volume
@@ -248,103 +232,6 @@ def job_metadata(
     return labels, annotations
 
 
-def _pod_template(
-    config: PipelineConfig,
-    settings: KubernetesJobSettings,
-    *,
-    name: str,
-    snapshot: str,
-    input_stage: str,
-    lineage: Lineage,
-    labels: dict[str, str],
-) -> dict[str, Any]:
-    nproc = config.train.nproc_per_node
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": CONTAINER_NAME,
-                "image": settings.image,
-                "imagePullPolicy": settings.image_pull_policy,
-                "command": container_command(snapshot, input_stage, nproc, config.train.nnodes),
-                "env": container_env(config, settings, name=name, lineage=lineage),
-                "ports": [{"name": PORT_NAME, "containerPort": settings.rdzv_port, "protocol": "TCP"}],
-                "resources": node_resources(settings, nproc),
-                "securityContext": container_security_context(),
-                "volumeMounts": data_volume_mounts(config),
-            }
-        ],
-        "securityContext": pod_security_context(),
-        "volumes": data_volumes(settings),
-        **scheduling(settings),
-    }
-    return {"metadata": {"labels": dict(labels)}, "spec": spec}
-
-
-def render_pytorch_job(
-    config: PipelineConfig,
-    *,
-    name: str,
-    snapshot: str,
-    input_stage: str | None = None,
-    settings: KubernetesJobSettings | None = None,
-    lineage: Lineage | None = None,
-) -> dict[str, Any]:
-    """The PyTorchJob for `train.nnodes` nodes x `train.nproc_per_node` processes on one snapshot.
-
-    One node: a single Master replica. More: one Master plus nodes-1 Workers under an elastic policy
-    (c10d rendezvous, min/max nodes, maxRestarts), so a lost node restarts the group rather than the job.
-    """
-    input_stage = input_stage or registered_stage("train").default_input
-    settings = settings or KubernetesJobSettings()
-    lineage = lineage or Lineage()
-    check_data_root(config)
-    nodes = config.train.nnodes
-    labels, annotations = job_metadata(config, snapshot, lineage)
-    template = _pod_template(
-        config,
-        settings,
-        name=name,
-        snapshot=snapshot,
-        input_stage=input_stage,
-        lineage=lineage,
-        labels=labels,
-    )
-    replica = {"restartPolicy": settings.restart_policy, "template": template}
-    replicas: dict[str, Any] = {"Master": {"replicas": 1, **copy.deepcopy(replica)}}
-    spec: dict[str, Any] = {"nprocPerNode": str(config.train.nproc_per_node)}
-    if nodes > 1:
-        replicas["Worker"] = {"replicas": nodes - 1, **copy.deepcopy(replica)}
-        spec["elasticPolicy"] = {
-            "rdzvBackend": "c10d",
-            "minReplicas": settings.min_nodes or nodes,
-            "maxReplicas": settings.max_nodes or nodes,
-            "maxRestarts": settings.max_restarts,
-        }
-    spec["pytorchReplicaSpecs"] = replicas
-    run_policy: dict[str, Any] = {
-        "cleanPodPolicy": settings.clean_pod_policy,
-        "backoffLimit": settings.backoff_limit,
-    }
-    if settings.ttl_seconds_after_finished is not None:
-        run_policy["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
-    if settings.active_deadline_seconds is not None:
-        run_policy["activeDeadlineSeconds"] = settings.active_deadline_seconds
-    spec["runPolicy"] = run_policy
-    job = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": settings.namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
-    validate_pytorch_job(job)
-    return job
-
-
 # --- validation -------------------------------------------------------------------------------------
 
 
@@ -371,20 +258,26 @@ def _strict(schema: Any) -> Any:
     return converted
 
 
+def resource_documents(name: str) -> list[dict[str, Any]]:
+    """The YAML documents of one file of this package's ``resources/`` (a CRD schema, the shipped runtime)."""
+    text = (resources.files("operators.kubeflow") / "resources" / name).read_text(encoding="utf-8")
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
 @functools.cache
-def crd_schema(path: Path = CRD_PATH, version: str = VERSION) -> dict[str, Any]:
-    """The openAPIV3Schema of one version of a vendored CRD (the PyTorchJob's by default), as strict JSON Schema."""
-    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-    (crd,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
-    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+def crd_schema(crd: str, version: str) -> dict[str, Any]:
+    """The openAPIV3Schema of one version of a vendored CRD (a file of ``resources/``), as strict JSON Schema."""
+    documents = resource_documents(crd)
+    (definition,) = [doc for doc in documents if doc.get("kind") == "CustomResourceDefinition"]
+    (served,) = [v for v in definition["spec"]["versions"] if v["name"] == version]
     return _strict(served["schema"]["openAPIV3Schema"])
 
 
-def crd_errors(job: Mapping[str, Any], path: Path = CRD_PATH, version: str = VERSION) -> list[str]:
+def crd_errors(job: Mapping[str, Any], crd: str, version: str) -> list[str]:
     import jsonschema
 
     validator = jsonschema.Draft7Validator(
-        crd_schema(path, version), format_checker=jsonschema.FormatChecker()
+        crd_schema(crd, version), format_checker=jsonschema.FormatChecker()
     )
     return [
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
@@ -424,66 +317,7 @@ def core_errors(
     return []
 
 
-def core_type_errors(job: Mapping[str, Any], kubernetes_version: str | None = None) -> list[str]:
-    """Validate each replica's pod template as a core/v1 Pod with kubernetes-validate (strict)."""
-    errors = []
-    for replica_type, replica in (job.get("spec", {}).get("pytorchReplicaSpecs") or {}).items():
-        template = replica.get("template") or {}
-        errors += pod_errors(
-            template.get("spec", {}),
-            name=f"{job['metadata']['name']}-{replica_type.lower()}-0",
-            where=f"spec.pytorchReplicaSpecs.{replica_type}.template",
-            metadata=template.get("metadata"),
-            kubernetes_version=kubernetes_version,
-        )
-    return errors
-
-
 def dns_label_errors(name: str) -> list[str]:
     if not _DNS1035.match(name) or len(name) > 63:
         return [f"metadata.name: {name!r} is not a DNS-1035 label (lowercase, starts with a letter)"]
     return []
-
-
-def controller_errors(job: Mapping[str, Any]) -> list[str]:
-    """The checks of the training-operator's validating webhook and of our own settings."""
-    errors = dns_label_errors(job.get("metadata", {}).get("name", ""))
-    spec = job.get("spec", {})
-    replicas = spec.get("pytorchReplicaSpecs") or {}
-    for replica_type, replica in replicas.items():
-        where = f"spec.pytorchReplicaSpecs.{replica_type}"
-        if replica_type not in ("Master", "Worker"):
-            errors.append(f"{where}: replica type must be Master or Worker")
-        count = replica.get("replicas", 1)
-        if replica_type == "Master" and count != 1:
-            errors.append(f"{where}.replicas: must be 1")
-        if replica_type == "Worker" and count < 1:
-            errors.append(f"{where}.replicas: must be at least 1")
-        if replica.get("restartPolicy", "Never") not in RESTART_POLICIES:
-            errors.append(f"{where}.restartPolicy: must be one of {RESTART_POLICIES}")
-        containers = replica.get("template", {}).get("spec", {}).get("containers") or []
-        named = [c for c in containers if c.get("name") == CONTAINER_NAME]
-        if not named:
-            errors.append(f"{where}: needs a container named {CONTAINER_NAME!r}")
-        elif not named[0].get("image"):
-            errors.append(f"{where}.template.spec.containers.{CONTAINER_NAME}.image: required")
-    elastic = spec.get("elasticPolicy")
-    if elastic is not None:
-        if "Worker" not in replicas:
-            errors.append("spec.pytorchReplicaSpecs.Worker: must be configured if elastic policy is used")
-        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
-        if low is not None and high is not None and low > high:
-            errors.append("spec.elasticPolicy: minReplicas must not exceed maxReplicas")
-    clean = spec.get("runPolicy", {}).get("cleanPodPolicy")
-    if clean is not None and clean not in CLEAN_POD_POLICIES:
-        errors.append(f"spec.runPolicy.cleanPodPolicy: must be one of {CLEAN_POD_POLICIES}")
-    return errors
-
-
-def validate_pytorch_job(job: Mapping[str, Any], crd_path: Path = CRD_PATH) -> None:
-    """Raise InvalidManifestError listing every problem; silent when the job is valid."""
-    errors = controller_errors(job) + crd_errors(job, crd_path) + core_type_errors(job)
-    if errors:
-        raise InvalidManifestError(
-            f"PyTorchJob {job.get('metadata', {}).get('name')!r} is invalid:\n  " + "\n  ".join(errors)
-        )

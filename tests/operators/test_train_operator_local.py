@@ -1,4 +1,4 @@
-"""PyTorchJobOperator(launcher="local"): a killed task leaves no torchrun agent or worker behind."""
+"""TrainOperator(launcher="local"): a killed task leaves no torchrun agent or worker behind."""
 
 import shutil
 import threading
@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from operators.pytorch_job import PyTorchJobOperator
+from operators.train_operator import TrainOperator
 from pipeline.core.proc import ChildFailedError
 from pipeline.core.storage import DatasetRef
 
@@ -40,7 +40,7 @@ def test_on_kill_takes_down_the_whole_torchrun_group(sample_corpus, tmp_path):
     root = tmp_path / "data"
     tokens = DatasetRef.of(config, "tokenize", snapshot)
     shutil.copytree(tokens.path, root / config.project.corpus / "tokenize" / "kill")
-    op = PyTorchJobOperator(
+    op = TrainOperator(
         task_id="train",
         launcher="local",
         snapshot="kill",

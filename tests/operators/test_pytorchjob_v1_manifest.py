@@ -8,16 +8,15 @@ import pytest
 import yaml
 
 from operators.kubeflow import __main__ as render_cli
-from operators.kubeflow.manifest import (
+from operators.kubeflow.api import job_state
+from operators.kubeflow.job_parts import (
     CONFIG_ENV,
     InvalidManifestError,
     KubernetesJobSettings,
     crd_errors,
     job_name,
-    job_state,
-    render_pytorch_job,
-    validate_pytorch_job,
 )
+from operators.kubeflow.pytorchjob_v1 import CRD, VERSION, render_pytorch_job, validate_pytorch_job
 from operators.kubeflow.trainjob import validate_train_job, validate_training_runtime
 from pipeline.config import load_config
 from pipeline.core.config import ConfigError
@@ -138,16 +137,16 @@ def test_settings_shape_the_job():
 
 def test_crd_schema_rejects_unknown_and_mistyped_fields():
     _, job = render("train.nnodes=2")
-    assert crd_errors(job) == []
+    assert crd_errors(job, CRD, VERSION) == []
     typo = copy.deepcopy(job)
     typo["spec"]["elasticPolicy"]["rdzvBackEnd"] = "c10d"
-    assert any("rdzvBackEnd" in error for error in crd_errors(typo))
+    assert any("rdzvBackEnd" in error for error in crd_errors(typo, CRD, VERSION))
     wrong_type = copy.deepcopy(job)
     wrong_type["spec"]["nprocPerNode"] = 8
-    assert crd_errors(wrong_type) == ["spec.nprocPerNode: 8 is not of type 'string'"]
+    assert crd_errors(wrong_type, CRD, VERSION) == ["spec.nprocPerNode: 8 is not of type 'string'"]
     no_replicas = copy.deepcopy(job)
     del no_replicas["spec"]["pytorchReplicaSpecs"]
-    assert crd_errors(no_replicas) == ["spec: 'pytorchReplicaSpecs' is a required property"]
+    assert crd_errors(no_replicas, CRD, VERSION) == ["spec: 'pytorchReplicaSpecs' is a required property"]
 
 
 def test_core_types_and_controller_rules_are_enforced():

@@ -17,7 +17,7 @@ from pipeline.config import load_config
 
 
 @dag(
-    dag_id="corpus_ingest",
+    dag_id="corpus_crawl",
     schedule="@daily",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
@@ -28,7 +28,7 @@ from pipeline.config import load_config
     tags=["pretrain", "corpus"],
     params=run_params("crawl.max_pages=500"),
 )
-def corpus_ingest():
+def corpus_crawl():
     @task
     def crawl_shards(params=None) -> list[int]:
         """The crawl's shard ids (crawl.num_shards, split by registered domain): one crawl task each."""
@@ -43,4 +43,4 @@ def corpus_ingest():
     publish_token_shards(stages)  # announces the token shards, unless the quality gate holds them back
 
 
-corpus_ingest()
+corpus_crawl()

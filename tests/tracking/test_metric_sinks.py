@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.tracking.metrics import JsonlMetrics, LogLineMetrics, MetricsLogger, build_metrics_logger
+from pipeline.tracking.metric_sinks import JsonlMetrics, LogLineMetrics, MetricsLogger, build_metrics_logger
 from pipeline.tracking.mlflow_runs import ENV_RUN_ID, TrackedRun
 from tests.conftest import make_config
 

@@ -1,4 +1,4 @@
-"""PyTorchJobOperator(launcher="kubernetes") with kubernetes api=trainer-v2 (the default): Kubeflow Trainer v2
+"""TrainOperator(launcher="kubernetes") with kubernetes api=trainer-v2 (the default): Kubeflow Trainer v2
 TrainJobs, against a local server speaking the Kubernetes REST protocol.
 
 PROTOCOL TESTS, NOT A CLUSTER TEST: no Kubernetes API server (nor Kubeflow Trainer, nor JobSet) can run on
@@ -17,10 +17,10 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowException
 
-from operators.kubeflow.manifest import InvalidManifestError, KubernetesJobSettings, job_name
+from operators.kubeflow.job_parts import InvalidManifestError, KubernetesJobSettings, job_name
 from operators.kubeflow.trainjob import render_train_job
 from operators.kubeflow.trigger import TrainJobTrigger
-from operators.pytorch_job import PyTorchJobOperator
+from operators.train_operator import TrainOperator
 from pipeline.core.lineage import Lineage
 from tests.conftest import make_config
 from tests.operators.kubernetes_tasks import NAMESPACE, RUN_ID, TaskTry, run_trigger, start
@@ -30,7 +30,7 @@ NAME = job_name("pretrain", RUN_ID, "train")
 
 def operator(tmp_path, settings=None, **kwargs):
     """A fresh operator, as each Airflow try builds one from the DAG in a new process."""
-    return PyTorchJobOperator(
+    return TrainOperator(
         task_id="train",
         launcher="kubernetes",
         snapshot="2026-11-29",
@@ -87,7 +87,7 @@ def test_trainjob_is_created_watched_logged_and_deleted(server, tmp_path, capsys
     assert server.count("GET", f"trainjobs/{NAME}") == 4
 
     capsys.readouterr()
-    path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
+    path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event, run=NAME)
     assert path == str(tmp_path / "data" / "sample" / "train" / "2026-11-29" / NAME)
     task_log = capsys.readouterr().out
     assert f"---- node-0 log of TrainJob {NAMESPACE}/{NAME} ----" in task_log
@@ -129,11 +129,11 @@ def test_failed_trainjob_fails_the_task_with_the_jobsets_reason(server, tmp_path
         AirflowException,
         match=rf"TrainJob {NAMESPACE}/{NAME} ended Failed: jobset failed due to reaching max number of restarts",
     ):
-        operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
+        operator(tmp_path).execute_complete({"ti": TaskTry()}, event, run=NAME)
     assert server.count("DELETE") == 0 and len(server.live()) == 1  # kept for kubectl describe
 
     with pytest.raises(AirflowException, match="ended Failed"):
-        operator(tmp_path, on_finish="delete").execute_complete({"ti": TaskTry()}, event)
+        operator(tmp_path, on_finish="delete").execute_complete({"ti": TaskTry()}, event, run=NAME)
     assert server.count("DELETE", "trainjobs") == 1
 
 

@@ -1,4 +1,4 @@
-"""PyTorchJobOperator(launcher="kubernetes") against a local server speaking the Kubernetes REST protocol.
+"""TrainOperator(launcher="kubernetes") against a local server speaking the Kubernetes REST protocol.
 
 PROTOCOL TESTS, NOT A CLUSTER TEST: no Kubernetes API server can run on these machines. The server in
 ``k8s_api_server.py`` answers the PyTorchJob and pod-log endpoints the way the API server does (status
@@ -14,9 +14,10 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowException
 
-from operators.kubeflow.manifest import job_name, render_pytorch_job
+from operators.kubeflow.job_parts import job_name
+from operators.kubeflow.pytorchjob_v1 import render_pytorch_job
 from operators.kubeflow.trigger import PyTorchJobTrigger
-from operators.pytorch_job import PyTorchJobOperator
+from operators.train_operator import TrainOperator
 from pipeline.core.lineage import Lineage
 from tests.conftest import make_config
 from tests.operators.kubernetes_tasks import NAMESPACE, RUN_ID, TaskTry, run_trigger, start
@@ -24,7 +25,7 @@ from tests.operators.kubernetes_tasks import NAMESPACE, RUN_ID, TaskTry, run_tri
 
 def operator(tmp_path, **kwargs):
     """A fresh operator, as each Airflow try builds one from the DAG in a new process."""
-    op = PyTorchJobOperator(
+    op = TrainOperator(
         task_id="train",
         launcher="kubernetes",
         snapshot="2026-11-29",
@@ -63,7 +64,9 @@ def test_job_is_created_watched_logged_and_deleted(server, tmp_path, capsys):
     assert event["state"] == "Succeeded"
 
     capsys.readouterr()
-    path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
+    path = operator(tmp_path).execute_complete(
+        {"ti": TaskTry()}, event, run=job_name("pretrain", RUN_ID, "train")
+    )
     # The pods train the run named after the job (no train.run_id given), so a resubmitted job resumes it.
     assert path == str(tmp_path / "data" / "sample" / "train" / "2026-11-29" / name)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
@@ -136,11 +139,15 @@ def test_failed_job_fails_the_task_and_is_kept_for_inspection(server, tmp_path):
     event = run_trigger(start(operator(tmp_path)))
     assert event["state"] == "Failed"
     with pytest.raises(AirflowException, match=r"ended Failed: PyTorchJob .* is failed"):
-        operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
+        operator(tmp_path).execute_complete(
+            {"ti": TaskTry()}, event, run=job_name("pretrain", RUN_ID, "train")
+        )
     assert server.count("DELETE") == 0 and len(server.live()) == 1
 
     with pytest.raises(AirflowException, match="ended Failed"):
-        operator(tmp_path, on_finish="delete").execute_complete({"ti": TaskTry()}, event)
+        operator(tmp_path, on_finish="delete").execute_complete(
+            {"ti": TaskTry()}, event, run=job_name("pretrain", RUN_ID, "train")
+        )
     assert server.count("DELETE") == 1
 
 

@@ -1,0 +1,244 @@
+"""How a rank trains its share of the model: the parallelism component the trainer composes.
+
+torchtitan's trainer holds ``model_parts`` and lets the parallelism own the step; so does ours. A
+``Parallelism`` owns forward and backward of one step (``forward_backward``), the gradients' last
+reductions, the global gradient norm and the optimizer step through the precision's scaler
+(``clip_and_step``), the validation forward (``validation_loss``), the loss report (``reported_loss``), the
+model's checkpoint part and where its files go, and its own figures. The trainer's step is then the same
+whatever the parallelism:
+
+    optimizer.zero_grad(); loss = parallelism.forward_backward(batches); parallelism.clip_and_step(...)
+
+Two kinds exist: ``DataParallelism`` (one process, or DDP / ZeRO-1 over every rank, with optional gradient
+compression and ``torch.compile``), here, and ``PipelineParallelism`` (stages over a pp x dp mesh,
+``pipeline.train.pipeline_parallel``). ``pipeline.train.trainer.build_parallelism`` picks one from the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.config import PipelineConfig
+from pipeline.data.loader import Batch
+from pipeline.model.gpt import GPT
+from pipeline.train.components.amp import MixedPrecision
+from pipeline.train.compression import CompressionState, GradientCompression, build_compression
+from pipeline.train.parallel import DistributedContext, data_parallel, settle_buckets
+
+
+@dataclass
+class StepLoss:
+    """One step's loss as this rank knows it: its part of the token-mean ``lm_loss`` over all ranks (summed
+    by ``Parallelism.reported_loss``), and the tokens the step trained on over all ranks."""
+
+    loss_sum: torch.Tensor
+    tokens: int
+
+
+@contextlib.contextmanager
+def eval_mode(parts: list[nn.Module]) -> Iterator[None]:
+    """Every part in eval mode (no dropout, MoE's eval capacity) for the block; their modes restored after."""
+    modes = [part.training for part in parts]
+    for part in parts:
+        part.eval()
+    try:
+        yield
+    finally:
+        for part, mode in zip(parts, modes, strict=True):
+            part.train(mode)
+
+
+class Parallelism(ABC):
+    """This rank's share of the model and how it trains. ``ctx``: every rank; ``data``: the ranks that share the
+    data (the loader, the validator and ZeRO-1 split over them); ``module``: this rank's parameters as one module
+    (the optimizer's); ``model_parts``: the models this rank runs."""
+
+    ctx: DistributedContext
+    data: DistributedContext
+    precision: MixedPrecision
+    module: nn.Module
+    model_parts: list[GPT]
+
+    # --- one step -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def forward_backward(self, batches: list[Batch]) -> StepLoss:
+        """Gradients of the step's token-mean loss over all ranks' micro-batches (``train.grad_accum`` of
+        them; one batch under a pipeline, which it cuts into its own micro-batches)."""
+
+    def finish_gradients(self) -> None:
+        """What the gradients still need after backward before they are the whole model's (none by default)."""
+        return None
+
+    def step_options(self) -> dict[str, Any]:
+        """``MixedPrecision.step``'s options for a rank holding part of the model (the norm over all parts, the
+        scalers' agreement); none when every rank holds the whole model."""
+        return {}
+
+    def clip_and_step(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """Finish the gradients, clip them to ``max_norm`` by the global norm and step unless one is not finite
+        (``MixedPrecision.step``); returns the norm before clipping."""
+        self.finish_gradients()
+        return self.precision.step(optimizer, self.module.parameters(), max_norm, **self.step_options())
+
+    def reported_loss(self, step: StepLoss) -> float:
+        """The step's loss over all ranks, the figure logged (collective)."""
+        return self.ctx.all_reduce(step.loss_sum.clone()).item()
+
+    # --- evaluation and samples -----------------------------------------------------------------------
+
+    @abstractmethod
+    def validation_loss(
+        self, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The mean ``lm_loss`` of one validation batch in eval mode, forward only; None on a rank that does
+        not compute it (its windows are counted where the loss is)."""
+
+    @property
+    def whole_model(self) -> GPT | None:
+        """The whole model, when this rank holds it (for sample generations), else None."""
+        return None
+
+    @abstractmethod
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the unsplit model's names."""
+
+    @abstractmethod
+    def router_stats(self) -> list[dict]:
+        """Every MoE layer's routing of the latest forward, on rank 0 (collective)."""
+
+    def metrics(self) -> dict[str, float]:
+        """The parallelism's own figures since the last call (collective)."""
+        return {}
+
+    # --- checkpoint -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def model_state(self) -> Stateful:
+        """The checkpoint part ``model``: this rank's parameters under the unsplit model's names."""
+
+    def rank_states(self) -> dict[str, Stateful]:
+        """Parts each rank checkpoints for itself besides its RNG streams."""
+        return {}
+
+    def checkpoint_folder(self, checkpoints: Path) -> Path:
+        """Where this rank's checkpoint files go (its data rank 0 writes them)."""
+        return checkpoints
+
+    def layout(self) -> dict[str, Any] | None:
+        """What the manifest records about the split; None when nothing is split."""
+        return None
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What this rank's checkpoint files record about the split, for their readers."""
+        return {}
+
+    def describe(self) -> str:
+        return f"{type(self).__name__} on {self.ctx.world_size} rank(s)"
+
+
+class DataParallelism(Parallelism):
+    """The whole model on every rank: one process, or DDP (``train.data_parallel`` ddp, or zero1 with the
+    optimizer sharded) over every rank, reducing gradients once per step on the last micro-batch, optionally
+    through a compression hook (``train.grad_compression``) and compiled (``train.compile``)."""
+
+    def __init__(
+        self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
+    ) -> None:
+        train = config.train
+        self.ctx = self.data = ctx
+        self.precision = precision
+        self.packed = config.data.batching == "packed"
+        self.document_masking = train.document_masking
+        self.model = model
+        self.module = model
+        self.model_parts = [model]
+        self.parallel_model = data_parallel(model, ctx, train)
+        self.ddp = self.parallel_model if isinstance(self.parallel_model, DistributedDataParallel) else None
+        settle_buckets(self.parallel_model, lambda: _placeholder(train, ctx.device), precision.autocast)
+        self.compression: GradientCompression | None = None
+        if self.ddp is not None:
+            self.compression = build_compression(
+                train.grad_compression,
+                ctx.world_size,
+                powersgd_rank=train.powersgd_rank,
+                powersgd_start_step=train.powersgd_start_step,
+                seed=config.project.seed,
+            )
+            if self.compression is not None:
+                self.compression.register(self.ddp)
+        self.forward_model = torch.compile(self.parallel_model) if train.compile else self.parallel_model
+
+    def forward_backward(self, batches: list[Batch]) -> StepLoss:
+        ctx = self.ctx
+        local_tokens = [batch.num_tokens for batch in batches]
+        if self.packed:
+            step_tokens = sum(local_tokens) * ctx.world_size  # every row is full
+        else:
+            step_tokens = ctx.sum_cpu(sum(local_tokens))
+        loss_sum = torch.zeros((), device=ctx.device)
+        for index, batch in enumerate(batches):
+            batch = batch.to(ctx.device, non_blocking=True)
+            last = index == len(batches) - 1
+            # Reduce gradients once per step, on the last micro-batch.
+            with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
+                with self.precision.autocast():
+                    out = self.forward_model(
+                        batch.inputs, batch.targets, batch.document_ids if self.document_masking else None
+                    )
+                share = local_tokens[index] / step_tokens
+                self.precision.backward(out.loss * (share * ctx.world_size))
+            loss_sum += out.lm_loss.detach().float() * share
+        return StepLoss(loss_sum, step_tokens)
+
+    @torch.no_grad()
+    def validation_loss(self, inputs, targets, document_ids=None):
+        with eval_mode(self.model_parts), self.precision.autocast():
+            return self.model(inputs, targets, document_ids).lm_loss
+
+    @property
+    def whole_model(self) -> GPT:
+        return self.model
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+    def router_stats(self) -> list[dict]:
+        return self.model.router_stats()
+
+    def metrics(self) -> dict[str, float]:
+        return self.compression.stats.collect() if self.compression is not None else {}
+
+    def model_state(self) -> Stateful:
+        return self.model
+
+    def rank_states(self) -> dict[str, Stateful]:
+        if self.compression is None:
+            return {}
+        return {"compression": CompressionState(self.compression, self.ctx.device)}
+
+    def describe(self) -> str:
+        if self.ddp is None:
+            return "one process"
+        return f"data parallel over {self.ctx.world_size} ranks"
+
+
+def _placeholder(train, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Throw-away inputs and targets of one micro-batch's shape (DDP's bucket settling)."""
+    zeros = torch.zeros((train.batch_size, train.seq_len), dtype=torch.long, device=device)
+    return zeros, zeros
+
+
+def placeholder_batch(train, device: torch.device) -> Batch:
+    inputs, targets = _placeholder(train, device)
+    return Batch(inputs, targets, inputs)

@@ -1,0 +1,214 @@
+"""Which package may import which (docs/development.md#layers), checked on the source of every module.
+
+The picture: ``pipeline.core`` and the stage registry ``pipeline.stages`` import no other pipeline package;
+the model imports only core (and the CUDA extension); stage packages build on core, the registry, the config
+tree and the entrypoint, and on the few other stages they read the code of; ``operators`` and ``dags`` sit on
+top, and a DAG file reads the config and the registry, never a stage package.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+STAGE_BASE = {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.entrypoint"}
+ALLOWED: dict[str, set[str]] = {
+    "pipeline.core": set(),
+    "pipeline.stages": set(),
+    "pipeline.model": {"pipeline.core", "cuda_ext"},
+    "pipeline.embeddings": {"pipeline.core"},
+    "pipeline.data": {"pipeline.core", "pipeline.tokenization"},
+    "pipeline.config": {"pipeline.core", "pipeline.stages", "pipeline.model", "pipeline.train"},
+    "pipeline.entrypoint": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.tracking"},
+    "pipeline.cli": {"pipeline.core", "pipeline.stages"},
+    "pipeline.config_cli": {"pipeline.core", "pipeline.entrypoint"},
+    "pipeline.demo": {"pipeline.core", "pipeline.stages", "pipeline.config"},
+    "pipeline.crawl": STAGE_BASE,
+    "pipeline.clean": STAGE_BASE | {"pipeline.crawl"},
+    "pipeline.ingest": STAGE_BASE | {"pipeline.clean", "pipeline.crawl"},
+    "pipeline.dedup": STAGE_BASE | {"pipeline.embeddings"},
+    "pipeline.quality": STAGE_BASE | {"pipeline.embeddings", "pipeline.classify"},
+    "pipeline.classify": STAGE_BASE | {"pipeline.embeddings", "pipeline.clean"},
+    "pipeline.decontaminate": STAGE_BASE | {"pipeline.classify", "pipeline.dedup"},
+    "pipeline.tokenization": STAGE_BASE,
+    "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.model"},
+    "pipeline.train": STAGE_BASE | {"pipeline.data", "pipeline.model", "pipeline.tracking"},
+    "pipeline.export": STAGE_BASE | {"pipeline.model"},
+    "pipeline.evaluate": STAGE_BASE
+    | {"pipeline.data", "pipeline.export", "pipeline.model", "pipeline.tokenization"},
+    "pipeline.report": STAGE_BASE | {"pipeline.tracking"},
+    "operators": {
+        "pipeline.core",
+        "pipeline.stages",
+        "pipeline.config",
+        "pipeline.entrypoint",
+        "pipeline.crawl",
+        "pipeline.quality",
+        "pipeline.train",
+    },
+    "dags": {"operators", "pipeline.core", "pipeline.stages", "pipeline.config"},
+}
+OURS = ("pipeline", "operators", "dags", "cuda_ext")
+
+
+def layer(module: str) -> str:
+    """``pipeline.train.trainer`` -> ``pipeline.train``; ``operators.kubeflow.api`` -> ``operators``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "pipeline" and len(parts) > 1 else parts[0]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute import of one source file, at any depth (lazy imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def source_files(root: str):
+    for path in sorted((PROJECT_ROOT / root).rglob("*.py")):
+        yield ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts), path
+
+
+def layer_imports() -> dict[str, dict[str, set[str]]]:
+    """layer -> imported layer -> the modules importing it."""
+    edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for root in ("pipeline", "operators", "dags"):
+        for module, path in source_files(root):
+            for name in imported_modules(path):
+                if name.split(".")[0] in OURS and layer(name) != layer(module):
+                    edges[layer(module)][layer(name)].add(module)
+    return edges
+
+
+def test_every_layer_imports_only_what_the_picture_allows():
+    edges = layer_imports()
+    unknown = sorted(set(edges) - set(ALLOWED))
+    assert not unknown, f"packages missing from the layer picture: {unknown}"
+    breaches = {
+        f"{source} -> {target}": sorted(modules)
+        for source, targets in edges.items()
+        for target, modules in targets.items()
+        if target not in ALLOWED[source]
+    }
+    assert not breaches, breaches
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (lazy imports included; a package import means its __init__)."""
+    paths = {}
+    for root in ("pipeline", "operators", "dags"):
+        for module, path in source_files(root):
+            paths[module.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        module: {found for name in imported_modules(path) if (found := resolve(name)) not in (None, module)}
+        for module, path in paths.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+    return groups
+
+
+def test_no_import_circle_crosses_a_layer():
+    """A circle between packages (tracking <-> entrypoint, over run_cli, was one) means neither can be read,
+    tested or moved alone. Within one package a lazy import for typing may close one."""
+    crossing = [group for group in import_cycles(module_graph()) if len({layer(m) for m in group}) > 1]
+    assert not crossing, crossing
+
+
+@pytest.mark.parametrize("module", ["pipeline.core", "pipeline.stages"])
+def test_importing_a_bottom_layer_loads_no_stage_package(module):
+    """In a fresh interpreter: importing all of pipeline.core, or the registry, pulls in no other package."""
+    script = (
+        "import importlib, pkgutil, sys\n"
+        f"top = importlib.import_module({module!r})\n"
+        "for info in pkgutil.iter_modules(getattr(top, '__path__', [])):\n"
+        f"    importlib.import_module({module!r} + '.' + info.name)\n"
+        f"print(sorted(m for m in sys.modules if m.startswith('pipeline.') and layer(m) != {module!r}))\n"
+    )
+    prelude = "def layer(m):\n    parts = m.split('.')\n    return '.'.join(parts[:2])\n"
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + script], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT
+    )
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def torch_file_calls(path: Path) -> list[str]:
+    """``torch.load`` / ``torch.save`` calls (and pickle imports) in one file, as ``name:line``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in ("load", "save"):
+            if isinstance(node.value, ast.Name) and node.value.id == "torch":
+                found.append(f"torch.{node.attr}:{node.lineno}")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+            if "pickle" in names:
+                found.append(f"pickle:{node.lineno}")
+    return found
+
+
+def test_only_the_model_package_opens_checkpoint_files():
+    """The checkpoint format has one home (pipeline/model/checkpoint.py); everyone else goes through it."""
+    offenders = {
+        module: calls
+        for root in ("pipeline", "operators")
+        for module, path in source_files(root)
+        if not module.startswith("pipeline.model.")
+        if (calls := torch_file_calls(path))
+    }
+    assert not offenders, offenders
