@@ -15,6 +15,11 @@ from pipeline.stages import STAGES
 
 # Commands that are not stages: subcommand -> (module with main(argv), one-line help)
 TOOLS: dict[str, tuple[str, str]] = {
+    "tokenizer": (
+        "pipeline.tokenization.tokenizer_cli",
+        "store a tokenizer for every snapshot to share: train a BPE on snapshots of one or more corpora, "
+        "import a tokenizer.json / transformers folder, list the stored ones",
+    ),
     "ship-logs": (
         "pipeline.tracking.log_shipper",
         "send the ECS log files to Elasticsearch (spools while it is unreachable; --follow to keep going)",

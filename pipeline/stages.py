@@ -140,7 +140,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("decontaminate",),
         runner="spark",
         group="corpus",
-        help="train a byte-level BPE and encode the finished documents into token shards",
+        help="encode the finished documents into token shards with the corpus's shared tokenizer",
         sections={
             "tokenizer": "pipeline.tokenization.config:TokenizerConfig",
             "tokenize": "pipeline.tokenization.config:TokenizeConfig",

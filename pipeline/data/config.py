@@ -1,17 +1,62 @@
-"""The `data` config section: how the trainer batches token shards (pipeline.data)."""
+"""The `data` config section: what the trainer reads (one snapshot, or a weighted mixture) and how it batches
+token shards (pipeline.data)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import Section
+from pipeline.core.snapshots import SnapshotSelection, as_selection
+
+CORPUS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # project.corpus's
+
+
+class MixtureSource(Section):
+    """One source of a training mixture: some snapshots of one corpus, drawn with a share of the tokens."""
+
+    corpus: str = Field(pattern=CORPUS_PATTERN)
+    snapshots: str | list[str] = Field(
+        "all",
+        description="'all' (every complete snapshot), names, 'last:N', 'FROM..TO' (name order: ISO dates make "
+        "it a date range) or a glob such as '2026-11-*'",
+    )
+    weight: float = Field(
+        1.0, gt=0, description="share of the training tokens, relative to the other sources"
+    )
+    name: str | None = Field(
+        None,
+        pattern=CORPUS_PATTERN,
+        description="how logs and per-source metrics name it; default the corpus (corpus:snapshots when the "
+        "corpus is in the mixture twice)",
+    )
+
+    @field_validator("snapshots", mode="before")
+    @classmethod
+    def _names(cls, snapshots: object) -> object:
+        return as_selection(snapshots)
+
+    @field_validator("snapshots")
+    @classmethod
+    def _selection(cls, snapshots: str | list[str]) -> str | list[str]:
+        SnapshotSelection.parse(snapshots)  # a ValueError here names the key and the grammar
+        return snapshots
+
+    @property
+    def selection(self) -> SnapshotSelection:
+        return SnapshotSelection.parse(self.snapshots)
 
 
 class DataConfig(Section):
-    """How the trainer batches token shards (pipeline.data)."""
+    """What the trainer reads and how it batches token shards (pipeline.data)."""
 
+    mixture: list[MixtureSource] | None = Field(
+        None,
+        min_length=1,
+        description="train on a weighted mixture of corpora and snapshots (docs/training.md); null: the one "
+        "snapshot being trained, as before",
+    )
     batching: Literal["packed", "token_budget"] = Field(
         "packed",
         description="packed: fixed [batch_size, seq_len] windows over the token stream; token_budget: one "
@@ -26,3 +71,28 @@ class DataConfig(Section):
         "and its token ids against the vocabulary (reads the shards once); false skips it for corpora too "
         "large to read twice, with a warning on every run",
     )
+
+    @model_validator(mode="after")
+    def _distinct_source_names(self) -> DataConfig:
+        if self.mixture:
+            names = self.source_names()
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(
+                    f"mixture: two sources are both called {repeated}; give each a distinct name"
+                )
+        return self
+
+    def source_names(self) -> list[str]:
+        """Each mixture source's name: its ``name``, else its corpus, else corpus:snapshots."""
+        sources = self.mixture or []
+        corpora = [source.corpus for source in sources]
+        return [
+            source.name
+            or (
+                source.corpus
+                if corpora.count(source.corpus) == 1
+                else f"{source.corpus}:{source.selection.describe()}"
+            )
+            for source in sources
+        ]

@@ -24,6 +24,7 @@ import bisect
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,15 +56,45 @@ class Batch(NamedTuple):
     def to(self, device, non_blocking: bool = False) -> Batch:
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
+    @property
+    def sources(self) -> torch.Tensor | None:
+        """[B] int64: the mixture source each row was drawn from (``SourcedBatch``); None here: one snapshot."""
+        return None
+
+
+class SourcedBatch(Batch):
+    """A Batch from a mixture (``pipeline.data.blend``) that also says which source each row came from, for
+    per-source loss. It is still the three tensors of a Batch (``inputs, targets, document_ids = batch``);
+    ``sources`` rides beside them."""
+
+    _row_sources: torch.Tensor
+
+    def __new__(cls, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor, sources):
+        batch = super().__new__(cls, inputs, targets, document_ids)
+        batch._row_sources = sources
+        return batch
+
+    @property
+    def sources(self) -> torch.Tensor:
+        return self._row_sources
+
+    def to(self, device, non_blocking: bool = False) -> SourcedBatch:
+        moved = (t.to(device, non_blocking=non_blocking) for t in (*self, self._row_sources))
+        return SourcedBatch(*moved)
+
 
 class TokenStream:
-    """The shards of a folder as one memmapped token stream, in shard_prefixes() order; nothing is copied."""
+    """The shards of a folder (or of several, one after the other: a mixture source's snapshots) as one
+    memmapped token stream, in shard_prefixes() order; nothing is copied."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        prefixes = shard_prefixes(self.folder)
+    def __init__(self, folder: Path | Sequence[Path]) -> None:
+        folders = [Path(folder)] if isinstance(folder, str | Path) else [Path(f) for f in folder]
+        self.folder = folders[0] if len(folders) == 1 else None
+        self.folders = folders
+        self.where = ", ".join(map(str, folders))  # how messages name it
+        prefixes = [prefix for one in folders for prefix in shard_prefixes(one)]
         if not prefixes:
-            raise FileNotFoundError(f"no token shards (*.idx) in {self.folder}")
+            raise FileNotFoundError(f"no token shards (*.idx) in {', '.join(map(str, folders))}")
         self.shards = [Shard(prefix) for prefix in prefixes]
         sizes = [shard.num_tokens for shard in self.shards]
         self.shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -94,8 +125,10 @@ class TokenStream:
 
     def fingerprint(self) -> str:
         """Names and sizes of the shards: enough to tell that a checkpoint was made on other data."""
+        # One folder: shard names, as always; several: the snapshot folder too (<snapshot>/<split>/<shard>).
+        named = (lambda p: p.name) if len(self.folders) == 1 else (lambda p: "/".join(p.parts[-3:]))
         summary = [
-            (shard.prefix.name, shard.num_tokens, len(shard.index.documents) - 1) for shard in self.shards
+            (named(shard.prefix), shard.num_tokens, len(shard.index.documents) - 1) for shard in self.shards
         ]
         return hashlib.sha256(json.dumps(summary).encode()).hexdigest()[:16]
 
@@ -103,14 +136,14 @@ class TokenStream:
 class PackedSequences:
     """Windows of seq_len + 1 tokens over the stream; window i starts at token i * seq_len."""
 
-    def __init__(self, folder: Path, seq_len: int) -> None:
+    def __init__(self, folder: Path | Sequence[Path], seq_len: int) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.stream = TokenStream(folder)
         self.seq_len = seq_len
         if self.stream.num_tokens < seq_len + 1:
             raise ValueError(
-                f"{folder} holds {self.stream.num_tokens} tokens, fewer than one sequence of {seq_len + 1}"
+                f"{self.stream.where} holds {self.stream.num_tokens} tokens, fewer than one sequence of {seq_len + 1}"
             )
 
     def __len__(self) -> int:
@@ -140,7 +173,7 @@ class DocumentSequences:
     max_len + 1 tokens that overlap by one, so every next-token target is predicted exactly once.
     Documents of a single token (nothing to predict) give no sample."""
 
-    def __init__(self, folder: Path, max_len: int) -> None:
+    def __init__(self, folder: Path | Sequence[Path], max_len: int) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         self.stream = TokenStream(folder)
@@ -155,7 +188,7 @@ class DocumentSequences:
         # Positions (= inputs = targets) per sample; the sample itself has one token more.
         self.lengths = np.minimum(positions[document] - piece * max_len, max_len)
         if len(self.lengths) == 0:
-            raise ValueError(f"{folder} holds no document with a token to predict")
+            raise ValueError(f"{self.stream.where} holds no document with a token to predict")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -375,10 +408,10 @@ class TokenBudgetBatchLoader(_EpochLoader):
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         if epoch != self._cached_epoch:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
-            batches = token_budget_batches(self.dataset.lengths, order, self.max_tokens, self.pool_size)
-            shuffle = np.random.default_rng([self.seed, epoch, 1]).permutation(len(batches))
-            self._cached_epoch, self._cached_batches = epoch, [batches[i] for i in shuffle]
+            batches = shuffled_budget_batches(
+                self.dataset, [self.seed, epoch], self.max_tokens, self.pool_size
+            )
+            self._cached_epoch, self._cached_batches = epoch, batches
         return self._cached_batches
 
     def _units_in_epoch(self, epoch: int) -> int:
@@ -395,17 +428,32 @@ class TokenBudgetBatchLoader(_EpochLoader):
         }
 
     def _batch(self, epoch: int, start: int) -> Batch:
-        indices = self.epoch_batches(epoch)[start + self.rank]
-        width = int(self.dataset.lengths[indices].max())
-        inputs = np.full((len(indices), width), self.pad_id, dtype=np.int64)
-        targets = np.full((len(indices), width), IGNORE_INDEX, dtype=np.int64)
-        documents = np.full((len(indices), width), PAD_DOCUMENT, dtype=np.int64)
-        for row, index in enumerate(indices):
-            tokens = self.dataset[int(index)]
-            inputs[row, : len(tokens) - 1] = tokens[:-1]
-            targets[row, : len(tokens) - 1] = tokens[1:]
-            documents[row, : len(tokens) - 1] = 0
-        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(documents))
+        return padded_batch(self.dataset, self.epoch_batches(epoch)[start + self.rank], self.pad_id)
+
+
+def shuffled_budget_batches(
+    dataset: DocumentSequences, key: list[int], max_tokens: int, pool_size: int
+) -> list[np.ndarray]:
+    """One epoch of token-budget batches: a permutation of the samples seeded by ``key``, cut into
+    length-sorted batches (``token_budget_batches``), the batches then in an order seeded by ``key + [1]``."""
+    order = np.random.default_rng(key).permutation(len(dataset))
+    batches = token_budget_batches(dataset.lengths, order, max_tokens, pool_size)
+    shuffle = np.random.default_rng([*key, 1]).permutation(len(batches))
+    return [batches[i] for i in shuffle]
+
+
+def padded_batch(dataset: DocumentSequences, indices: np.ndarray, pad_id: int) -> Batch:
+    """The samples ``indices`` of ``dataset``, one per row, left-aligned and padded to the longest."""
+    width = int(dataset.lengths[indices].max())
+    inputs = np.full((len(indices), width), pad_id, dtype=np.int64)
+    targets = np.full((len(indices), width), IGNORE_INDEX, dtype=np.int64)
+    documents = np.full((len(indices), width), PAD_DOCUMENT, dtype=np.int64)
+    for row, index in enumerate(indices):
+        tokens = dataset[int(index)]
+        inputs[row, : len(tokens) - 1] = tokens[:-1]
+        targets[row, : len(tokens) - 1] = tokens[1:]
+        documents[row, : len(tokens) - 1] = 0
+    return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(documents))
 
 
 def build_train_loader(

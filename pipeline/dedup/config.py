@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import Section
+from pipeline.core.snapshots import SnapshotSelection, as_selection
 from pipeline.embeddings import EncoderConfig
 
 
@@ -51,6 +52,24 @@ class DedupConfig(Section):
     verify: bool = Field(True, description="keep only candidate pairs whose true Jaccard >= threshold")
     max_iterations: int = Field(64, gt=0, description="rounds of connected components before giving up")
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
+    against: str | list[str] | None = Field(
+        None,
+        description="incremental dedup: also drop documents an earlier snapshot of the corpus has (all, last:N, "
+        "FROM..TO, names or a glob; only snapshots before this one, by name); null: each snapshot on its own, "
+        "as FineWeb found better (docs/dedup.md)",
+    )
+
+    @field_validator("against", mode="before")
+    @classmethod
+    def _names(cls, against: object) -> object:
+        return as_selection(against)
+
+    @field_validator("against")
+    @classmethod
+    def _history(cls, against: str | list[str] | None) -> str | list[str] | None:
+        if against is not None:
+            SnapshotSelection.parse(against)  # a ValueError names the key and the grammar
+        return against
 
     @model_validator(mode="after")
     def _banding(self) -> DedupConfig:

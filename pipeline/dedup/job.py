@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +40,16 @@ from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
+from pipeline.dedup.history import (
+    EARLIER,
+    EARLIER_DUPLICATE,
+    KEYS,
+    MATCHES_SCHEMA,
+    earlier_duplicates,
+    keys_settings,
+    load_history,
+    snapshot_keys,
+)
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
 from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
 from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
@@ -94,10 +105,13 @@ def _exact_keys(normalized: pa.Array, texts: pa.Array) -> list[bytes]:
 
 
 def feature_batches(
-    batches: Iterator[pa.RecordBatch], hasher: MinHasher, with_urls: bool, with_bands: bool
+    batches: Iterator[pa.RecordBatch], hasher: MinHasher, with_urls: bool, with_bands: bool, hashed=None
 ) -> Iterator[pa.RecordBatch]:
-    """FEATURES_SCHEMA for each batch of (id, text[, url, fetch_time]); fetch_time passes through."""
+    """FEATURES_SCHEMA for each batch of (id, text[, url, fetch_time]); fetch_time passes through.
+    ``hashed``, a Spark accumulator, counts the documents hashed (the work incremental dedup saves)."""
     for batch in batches:
+        if hashed is not None:
+            hashed.add(batch.num_rows)
         texts = batch.column("text")
         normalized = normalize_for_dedup(texts)
         shingles = hasher.shingles_of_normalized(normalized)
@@ -239,7 +253,7 @@ def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
 
 
 def document_features(
-    docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
+    docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock, hashed=None
 ) -> tuple[DataFrame, int, dict]:
     """Features of every input row, persisted, and the input checks done in the same pass."""
     from pyspark import StorageLevel
@@ -250,7 +264,9 @@ def document_features(
     if dedup.url_dedup:
         schema = schema.add(projected.schema["fetch_time"])
     features = map_in_arrow(
-        projected, lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near), schema
+        projected,
+        lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near, hashed),
+        schema,
     ).persist(StorageLevel.MEMORY_AND_DISK)
     stats = features.agg(
         F.count(F.lit(1)).alias("rows"),
@@ -431,7 +447,7 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     if null_text:
         per_reason[NULL_TEXT] = (null_text, 0, 0)
     clusters = (
-        decisions.where(F.col("drop_reason").isNotNull())
+        decisions.where(F.col("drop_reason").isNotNull() & (F.col("drop_reason") != F.lit(EARLIER_DUPLICATE)))
         .groupBy("representative_id")
         .count()
         .agg(F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
@@ -459,6 +475,102 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     }
 
 
+def drop_earlier_duplicates(
+    config: PipelineConfig,
+    output: DatasetRef,
+    input_stage: str,
+    hasher: MinHasher,
+    clock: StepClock,
+    decisions: DataFrame,
+    docs: DataFrame,
+    folder: Path,
+    hashed,
+) -> tuple[DataFrame, int, dict]:
+    """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, matches written, counts):
+    the documents this snapshot keeps on its own (``folder``/keys) against the earlier snapshots
+    ``dedup.against`` names (pipeline.dedup.history); the matches go to ``folder``/earlier_duplicates."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    dedup, seed, files = config.dedup, config.project.seed, config.spark.output_files
+    spark = docs.sparkSession
+
+    def compute_keys(documents: DataFrame, snapshot: str) -> DataFrame:
+        """The keys ``snapshot``'s own dedup run stores: its documents through the same steps."""
+        _check_input(documents, dedup)
+        steps = StepClock(f"dedup history {snapshot}", log)  # its steps' times are not this snapshot's
+        features, _, _ = document_features(documents, hasher, dedup, steps, hashed)
+        theirs, _, (semantic, assignments), _ = decide(documents, features, hasher, dedup, steps, seed, files)
+        computed = snapshot_keys(features, theirs, snapshot).persist(StorageLevel.MEMORY_AND_DISK)
+        computed.count()
+        for frame in (features, theirs, semantic, assignments):
+            if frame is not None:
+                frame.unpersist()
+        return computed
+
+    history = load_history(
+        spark, output, input_stage, dedup.against, keys_settings(hasher, dedup), compute_keys
+    )
+    if not history.snapshots:  # the first snapshot, or a backfill of the oldest: nothing to compare with
+        log.info("dedup.against %s: no earlier snapshot of %s", dedup.against, output.corpus)
+        none = F.lit(None).cast("string")
+        matches = spark.createDataFrame([], spark_schema(MATCHES_SCHEMA))
+        written = write_parquet(matches, folder / EARLIER, files, known_rows=0)
+        counters = {"against": dedup.against, "snapshots": [], "stored": [], "computed": []}
+        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, counters
+    matches, counters = earlier_duplicates(
+        spark.read.parquet(str(folder / KEYS)),
+        docs.where(F.col("text").isNotNull()).select("id", "text"),
+        history,
+        hasher,
+        dedup,
+    )
+    # Written, then read back: the decisions that follow carry a file scan, not the history's whole plan
+    # (whose text alone outgrew the driver's heap when later joins repeated it).
+    written = write_parquet(matches, folder / EARLIER, files)
+    matches.unpersist()
+    updated = (
+        decisions.join(
+            spark.read.parquet(str(folder / EARLIER)).select("id", "earlier_snapshot", "earlier_id"),
+            "id",
+            "left",
+        )
+        .select(
+            "id",
+            F.when(F.col("earlier_id").isNotNull(), F.lit(EARLIER_DUPLICATE))
+            .otherwise(F.col("drop_reason"))
+            .alias("drop_reason"),
+            F.coalesce("earlier_id", "representative_id").alias("representative_id"),
+            "n_bytes",
+            "n_chars",
+            "earlier_snapshot",
+            "earlier_id",
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    updated.count()
+    decisions.unpersist()
+    for frame in history.to_release:
+        frame.unpersist()
+    counters = {
+        "against": dedup.against,
+        "snapshots": history.snapshots,
+        "stored": history.stored,
+        "computed": history.computed,
+        **counters,
+    }
+    clock.done(
+        "earlier_snapshots",
+        "against %s: keys of %s read, of %s computed; %d exact and %d near duplicate(s) of earlier snapshots",
+        history.snapshots or "no earlier snapshot",
+        history.stored,
+        history.computed,
+        counters["exact_matches"],
+        counters["near_matches"],
+    )
+    return updated, written, counters
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (clean,) = inputs
     dedup = config.dedup
@@ -479,14 +591,29 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             s_curve_table(hasher.bands, hasher.rows),
         )
         clock.done("start")
-        features, null_text, counters = document_features(docs, hasher, dedup, clock)
+        hashed = spark.sparkContext.accumulator(0)  # documents through MinHash in this run, history included
+        features, null_text, counters = document_features(docs, hasher, dedup, clock, hashed)
         files = config.spark.output_files
         decisions, near_counters, (semantic, assignments), semantic_extra = decide(
             docs, features, hasher, dedup, clock, config.project.seed, files
         )
+        # This snapshot's keys, for later snapshots to deduplicate against (pipeline.dedup.history).
+        settings = keys_settings(hasher, dedup)
+        keys = write_parquet(snapshot_keys(features, decisions, output.snapshot), out.path / KEYS, files)
         features.unpersist()
+        extra: dict = {"keys": {**settings, "documents": keys}}
+        rows = {}
+        earlier_columns: list[str] = []
+        if dedup.against is not None:
+            decisions, rows[EARLIER], counters["history"] = drop_earlier_duplicates(
+                config, output, clean.stage, hasher, clock, decisions, docs, out.path, hashed
+            )
+            earlier_columns = ["earlier_snapshot", "earlier_id"]
+        counters["hashed_documents"] = hashed.value
 
-        removed = decisions.where(F.col("drop_reason").isNotNull()).select("id", "drop_reason")
+        removed = decisions.where(F.col("drop_reason").isNotNull()).select(
+            "id", "drop_reason", *earlier_columns
+        )
         labelled = docs.join(removed, "id", "left").withColumn(
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
@@ -494,14 +621,17 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
         )
         excluded = write_parquet(
-            labelled.where(F.col("drop_reason").isNotNull()).select(*docs.columns, "drop_reason"),
+            labelled.where(F.col("drop_reason").isNotNull()).select(
+                *docs.columns, "drop_reason", *earlier_columns
+            ),
             out.path / "excluded",
             files,
         )
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
-        duplicates = write_parquet(duplicates_table(decisions, texts, hasher), out.path / "duplicates", files)
-        rows = {"documents": kept, "excluded": excluded, "duplicates": duplicates}
-        extra = {}
+        # Clusters inside this snapshot; a document matched in an earlier snapshot is in earlier_duplicates/.
+        within = decisions.where(F.coalesce(F.col("drop_reason") != F.lit(EARLIER_DUPLICATE), F.lit(True)))
+        duplicates = write_parquet(duplicates_table(within, texts, hasher), out.path / "duplicates", files)
+        rows = {"documents": kept, "excluded": excluded, "duplicates": duplicates, **rows}
         if dedup.semantic.enabled:
             for name, table, schema in (
                 ("semantic_duplicates", semantic, REMOVAL_SCHEMA),

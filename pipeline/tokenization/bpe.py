@@ -77,19 +77,26 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path, config: TokenizerConfig) 
     folder = Path(folder)
     path = folder / TOKENIZER_FILE
     tokenizer.save(str(path))
-    reserved = special_tokens(config)[2:]
+    write_tokenizer_config(folder, config.eos_token, config.pad_token, special_tokens(config)[2:])
+    return path
+
+
+def write_tokenizer_config(
+    folder: Path, eos_token: str, pad_token: str | None, additional: list[str]
+) -> None:
+    """``tokenizer_config.json``: the special tokens by name, as transformers reads them. Documents follow an
+    end-of-text token, so it is the bos token too."""
     hf_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": config.eos_token,
-        "bos_token": config.eos_token,
-        "pad_token": config.pad_token,
-        "additional_special_tokens": reserved,
+        "eos_token": eos_token,
+        "bos_token": eos_token,
+        "pad_token": pad_token,
+        "additional_special_tokens": additional,
         "clean_up_tokenization_spaces": False,
         "add_prefix_space": False,
         "model_max_length": 1 << 30,
     }
-    (folder / TOKENIZER_CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    return path
+    (Path(folder) / TOKENIZER_CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

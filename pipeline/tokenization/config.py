@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.core.config import Section
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+TOKENIZER_CHOICE = re.compile(rf"^(?:{_NAME}/)?{_NAME}$")
 
 
 class TokenizerConfig(Section):
@@ -26,6 +30,12 @@ class TokenizerConfig(Section):
 
 
 class TokenizeConfig(Section):
+    tokenizer: str = Field(
+        "default",
+        description="default: the corpus's shared tokenizer (the first snapshot tokenized trains and stores it "
+        "when the corpus has none); NAME or CORPUS/NAME: a stored one (`pretrain tokenizer`); snapshot: a BPE "
+        "trained on this snapshot alone",
+    )
     validation_fraction: float = Field(0.05, ge=0, lt=1)
     max_tokens_per_shard: int = Field(
         50_000_000, gt=0, description="a shard file rolls over to the next one at this many tokens"
@@ -37,3 +47,13 @@ class TokenizeConfig(Section):
     threads_per_task: int | None = Field(
         None, gt=0, description="tokenizer threads per Spark task; default: spark.task.cpus"
     )
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_choice(cls, choice: str) -> str:
+        if not TOKENIZER_CHOICE.fullmatch(choice):
+            raise ValueError(
+                f"{choice!r} is not a tokenizer choice: 'default', 'snapshot', a stored tokenizer's NAME or "
+                "CORPUS/NAME"
+            )
+        return choice

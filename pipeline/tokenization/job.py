@@ -1,16 +1,18 @@
-"""The tokenize stage: train a BPE on a deterministic sample, then encode every document in Spark.
+"""The tokenize stage: pick the tokenizer (the corpus's shared one by default), then encode every document in Spark.
 
 Output layout (format: ``docs/token-shards.md``)::
 
-    tokenizer.json, tokenizer_config.json    HF tokenizers / transformers files
+    tokenizer.json, tokenizer_config.json    HF tokenizers / transformers files: the tokenizer used, copied
     train/shard-PPPPP-NNNN.bin, .idx         Megatron MMIDIDX shards, documents in seeded shuffled order
     validation/shard-PPPPP-NNNN.bin, .idx    (PPPPP: writer task, NNNN: roll-over file inside the task)
     validation/shard-PPPPP-NNNN.docs.parquet  each validation document's id, host and language, in shard order
     excluded/part-00000.parquet              documents that were not tokenized (id, text, reason)
 
 Steps: documents with no text are set aside (reason ``empty``); each remaining document goes to train or
-validation by a seeded hash of its id, and gets a seeded hash ``order``. The BPE trains on the train documents
-with the smallest ``order`` (a uniform sample). One Spark job then hash-partitions by ``order``, sorts each
+validation by a seeded hash of its id, and gets a seeded hash ``order``. The tokenizer is ``tokenize.tokenizer``'s
+(``pipeline.tokenization.store``): the corpus's default, a stored one by name, or a BPE of this snapshot's own;
+a BPE trained here (the corpus's first default, or ``snapshot``) learns from the train documents with the
+smallest ``order`` (a uniform sample). The manifest's ``extra.tokenizer`` names it and its digest. One Spark job then hash-partitions by ``order``, sorts each
 partition by (split, order, id) and encodes it with ``mapInArrow``: a Python worker loads the tokenizer once,
 encodes each Arrow batch with ``encode_batch_fast`` and appends the shards it writes, rolling over to a new
 file at ``tokenize.max_tokens_per_shard``. The output depends only on the input rows and the config.
@@ -22,7 +24,7 @@ import functools
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,13 +36,20 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.progress import StepClock
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
+from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
 from pipeline.tokenization.shards import RollingShardWriter, token_dtype
+from pipeline.tokenization.store import (
+    DEFAULT_CHOICE,
+    SNAPSHOT_CHOICE,
+    ensure_default,
+    folder_digest,
+    resolve_reference,
+    special_token_facts,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 STAGE = "tokenize"
@@ -49,6 +58,7 @@ BUCKETS = 1_000_000
 # Characters str.isspace() accepts; a document made only of these has nothing to tokenize.
 WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
 ESTIMATE_SAMPLE_CHARS = 2_000_000
+ESTIMATE_DOCUMENTS, ESTIMATE_DOCUMENT_CHARS = 2000, 1000  # the sample that sizes the encoding job
 
 # One row per shard file written (kind "file") and one per task and split with its counters (kind "counts").
 RESULT_SCHEMA = pa.schema(
@@ -202,7 +212,7 @@ def validation_threshold(fraction: float, documents: int, under_threshold: int, 
 
 
 def estimate_chars_per_token(tokenizer, texts: list[str]) -> float:
-    """Characters per token on (a prefix of) the training sample, to size the Spark job."""
+    """Characters per token on (a prefix of) ``texts``, to size the Spark job."""
     budget, chosen = ESTIMATE_SAMPLE_CHARS, []
     for text in texts:
         if budget <= 0:
@@ -273,31 +283,106 @@ def split_documents(
     return docs, DocumentCounts(documents, empty, int(summary["chars"] or 0))
 
 
-def train_on_sample(docs: DataFrame, config: PipelineConfig, folder: Path) -> tuple[Tokenizer, float]:
-    """(tokenizer, characters per token): the BPE trained on the ``tokenizer.sample_docs`` train documents
-    with the smallest ``order``, saved into ``folder``, and its compression on that sample."""
+def sample_texts(docs: DataFrame, documents: int, chars: int) -> list[str]:
+    """The first ``chars`` characters of the ``documents`` train documents with the smallest ``order``: a
+    uniform sample, the same on every run."""
     from pyspark.sql import functions as F
 
-    settings = config.tokenize
-    sample = [
+    return [
         row.text
         for row in docs.where(_kept() & (F.col("split") == "train"))
         .orderBy("order", "id")
-        .limit(config.tokenizer.sample_docs)
-        .select(F.substring("text", 1, settings.chunk_chars).alias("text"))
+        .limit(documents)
+        .select(F.substring("text", 1, chars).alias("text"))
         .collect()
     ]
-    tokenizer = train_tokenizer(sample, config.tokenizer)
-    save_tokenizer(tokenizer, folder, config.tokenizer)
-    chars_per_token = estimate_chars_per_token(tokenizer, sample)
-    log.info(
-        "trained a byte-level BPE with %d tokens on %d documents", tokenizer.get_vocab_size(), len(sample)
-    )
-    return tokenizer, chars_per_token
+
+
+def bpe_writer(sample_of: Callable[[], list[str]], config: PipelineConfig) -> Callable[[Path], dict]:
+    """What stores a BPE trained on ``sample_of()`` (called only then) into a folder, returning its facts."""
+
+    def write(folder: Path) -> dict:
+        sample = sample_of()
+        tokenizer = train_tokenizer(sample, config.tokenizer)
+        save_tokenizer(tokenizer, folder, config.tokenizer)
+        log.info(
+            "trained a byte-level BPE with %d tokens on %d documents", tokenizer.get_vocab_size(), len(sample)
+        )
+        settings = config.tokenizer
+        return {
+            "kind": "trained",
+            "eos_token": settings.eos_token,
+            "pad_token": settings.pad_token,
+            "split_cjk": settings.split_cjk,
+            "sample_documents": len(sample),
+            "settings": settings.model_dump(mode="json"),
+        }
+
+    return write
+
+
+@dataclass(frozen=True)
+class ChosenTokenizer:
+    facts: dict  # vocab_size, eos/pad tokens and ids, split_cjk, ...
+    described: dict  # name, corpus, digest, kind, path: what the manifest records as "tokenizer"
+
+
+def snapshot_sample(docs: DataFrame, config: PipelineConfig) -> Callable[[], list[str]]:
+    """The BPE's training sample from this snapshot: ``tokenizer.sample_docs`` documents."""
+    return lambda: sample_texts(docs, config.tokenizer.sample_docs, config.tokenize.chunk_chars)
+
+
+def choose_tokenizer(
+    docs: DataFrame, config: PipelineConfig, documents_ref: DatasetRef, output: DatasetRef, folder: Path
+) -> ChosenTokenizer:
+    """The tokenizer ``tokenize.tokenizer`` names, its two files copied into ``folder`` (the tokenize output):
+    the corpus's default (stored from this snapshot's sample when the corpus has none), a stored one by name,
+    or (``snapshot``) a BPE of this snapshot's own."""
+    choice = config.tokenize.tokenizer
+    if choice == SNAPSHOT_CHOICE:
+        facts = bpe_writer(snapshot_sample(docs, config), config)(folder)
+        facts |= special_token_facts(folder, facts["eos_token"], facts["pad_token"])
+        described = {
+            "name": None,
+            "corpus": output.corpus,
+            "digest": folder_digest(folder),
+            "kind": "snapshot",
+        }
+        return ChosenTokenizer(facts, described | {"path": str(output.path)})
+    if choice == DEFAULT_CHOICE:
+        stored = ensure_default(
+            config,
+            output.corpus,
+            f"bpe-{output.snapshot}",
+            bpe_writer(snapshot_sample(docs, config), config),
+            [documents_ref],
+        )
+        current = config.tokenizer.model_dump(mode="json")
+        trained_with = stored.facts.get("settings") or current  # an imported default has no BPE settings
+        changed = sorted(key for key, value in trained_with.items() if current.get(key) != value)
+        if changed:
+            log.warning(
+                "tokenizer.%s differ from the settings corpus %s's default tokenizer %s was trained with; "
+                "it is used anyway, so every snapshot shares its ids (set tokenize.tokenizer=snapshot for a "
+                "BPE of this snapshot's own, or store another with `pretrain tokenizer train`)",
+                ", tokenizer.".join(changed),
+                stored.corpus,
+                stored.name,
+            )
+    else:
+        stored = resolve_reference(config, choice)
+    stored.copy_into(folder)
+    log.info("tokenizing with %s/%s (digest %s)", stored.corpus, stored.name, stored.digest)
+    return ChosenTokenizer(dict(stored.facts), stored.describe())
 
 
 def encode_documents(
-    spark: SparkSession, docs: DataFrame, config: PipelineConfig, folder: Path, estimated_tokens: float
+    spark: SparkSession,
+    docs: DataFrame,
+    config: PipelineConfig,
+    folder: Path,
+    estimated_tokens: float,
+    eos_token: str,
 ) -> tuple[list[dict], int]:
     """(result rows, tasks): every document with text encoded into ``folder/<split>/`` shards by one Spark job
     of at least ``tokenize.num_shards`` tasks, each writing about ``max_tokens_per_shard`` tokens or fewer."""
@@ -310,7 +395,7 @@ def encode_documents(
         encode_partition,
         tokenizer_path=str(folder / TOKENIZER_FILE),
         output=str(folder),
-        eos_token=config.tokenizer.eos_token,
+        eos_token=eos_token,
         chunk_chars=settings.chunk_chars,
         max_tokens_per_shard=settings.max_tokens_per_shard,
         threads=threads,
@@ -370,11 +455,15 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         spark = spark_session(config, f"tokenize-{output.corpus}-{output.snapshot}")
         docs, counts = split_documents(spark, documents_ref, config)
         lap("read_and_count")
-        tokenizer, chars_per_token = train_on_sample(docs, config, out.path)
-        vocab_size = tokenizer.get_vocab_size()
+        chosen = choose_tokenizer(docs, config, documents_ref, output, out.path)
+        facts = chosen.facts
         lap("train_tokenizer")
+        # Sizes the encoding job (so the shard files): measured on a sample that depends only on the
+        # snapshot and the tokenizer, never on whether this run trained it or found it stored.
+        estimate_sample = sample_texts(docs, ESTIMATE_DOCUMENTS, ESTIMATE_DOCUMENT_CHARS)
+        chars_per_token = estimate_chars_per_token(load_tokenizer(out.path), estimate_sample)
         results, partitions = encode_documents(
-            spark, docs, config, out.path, counts.characters / chars_per_token
+            spark, docs, config, out.path, counts.characters / chars_per_token, facts["eos_token"]
         )
         lap("encode")
         write_excluded(docs, out.path)
@@ -382,7 +471,6 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
 
         files, task_counts, totals = shard_totals(results, counts.documents)
         log.info("tokenized %s", totals)
-        eos_id = tokenizer.token_to_id(config.tokenizer.eos_token)
         return out.commit(
             rows={
                 **{f"{split}_documents": totals[split]["documents"] for split in SPLITS},
@@ -397,13 +485,14 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "oversized_documents": sum(r["oversized_documents"] for r in files),
             },
             extra={
-                "vocab_size": vocab_size,
-                "dtype": token_dtype(vocab_size).name,
-                "eos_token": config.tokenizer.eos_token,
-                "eos_id": eos_id,
-                "pad_token": config.tokenizer.pad_token,
-                "pad_id": tokenizer.token_to_id(config.tokenizer.pad_token),
-                "split_cjk": config.tokenizer.split_cjk,
+                "vocab_size": facts["vocab_size"],
+                "dtype": token_dtype(facts["vocab_size"]).name,
+                "eos_token": facts["eos_token"],
+                "eos_id": facts["eos_id"],
+                "pad_token": facts["pad_token"],
+                "pad_id": facts["pad_id"],
+                "split_cjk": facts.get("split_cjk"),
+                "tokenizer": chosen.described,
                 "chars_per_token": round(chars_per_token, 4),
                 "tasks": partitions,
                 "seconds": clock.seconds,

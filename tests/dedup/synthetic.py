@@ -1,6 +1,7 @@
 """A corpus with planted duplicates, and exact Jaccard written plainly, for tests and the benchmark.
 
-Only tests/dedup and ``benchmarks/dedup.py`` use it, so it lives with the tests, not in the installed package.
+Only tests/dedup and ``benchmarks/dedup.py`` / ``benchmarks/mixture.py`` use it, so it lives with the tests,
+not in the installed package.
 
 Documents are Zipf-distributed words from a random vocabulary, so unrelated documents share almost no
 5-gram. A planted near-duplicate replaces one contiguous block of its source's words with fresh words;
@@ -176,3 +177,40 @@ def planted_corpus(
     rng.shuffle(order)
     corpus.rows = [corpus.rows[i] for i in order]
     return corpus
+
+
+def stored_keys_of(config, snapshot: str, rows: list[dict]) -> pa.Table:
+    """The keys (``keys/``) the dedup stage stores for a snapshot whose documents are all distinct, so all
+    kept, computed with the stage's own feature code in this process; sorted by id."""
+    from pipeline.dedup.job import feature_batches, minhasher
+
+    hasher = minhasher(config.dedup, config.project.seed)
+    table = pa.Table.from_pylist([{"id": row["id"], "text": row["text"]} for row in rows])
+    batches = feature_batches(iter(table.to_batches(1000)), hasher, False, config.dedup.near)
+    features = pa.Table.from_batches(list(batches))
+    return pa.table(
+        {
+            "snapshot": pa.array([snapshot] * features.num_rows, pa.string()),
+            "id": features.column("id"),
+            "exact_key": features.column("exact_key"),
+            "band_keys": features.column("band_keys"),
+        }
+    ).sort_by("id")
+
+
+def publish_dedup_output(config, snapshot: str, rows: list[dict], keys: pa.Table) -> None:
+    """A dedup output as the stage writes it for distinct documents (all kept, none excluded) with ``keys``:
+    an earlier snapshot for incremental dedup, without a Spark run."""
+    import pyarrow.parquet as pq
+
+    from pipeline.core.storage import DatasetRef, StageOutput
+    from pipeline.dedup.history import KEYS, keys_settings
+    from pipeline.dedup.job import minhasher
+
+    table = pa.Table.from_pylist(rows, schema=CLEAN_SCHEMA)
+    with StageOutput(DatasetRef.of(config, "dedup", snapshot), config) as out:
+        for part, content in (("documents", table), ("excluded", table.slice(0, 0)), (KEYS, keys)):
+            (out.path / part).mkdir()
+            pq.write_table(content, out.path / part / "part-00000.parquet")
+        settings = keys_settings(minhasher(config.dedup, config.project.seed), config.dedup)
+        out.commit(rows={"documents": len(rows)}, extra={"keys": {**settings, "documents": keys.num_rows}})

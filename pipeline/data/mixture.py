@@ -1,0 +1,212 @@
+"""A training mixture resolved against the data root, and checked, before any training work starts.
+
+``data.mixture`` (``pipeline.data.config.MixtureSource``) names corpora, snapshot selections and weights;
+``resolve_mixture`` turns it into the token shards each source reads and refuses, with one line naming the
+source, anything that would make training read the wrong thing: an unknown corpus, a snapshot without a
+complete tokenize output, a selection that matches nothing, a snapshot with no training tokens, and
+snapshots tokenized with different tokenizers (by digest, ``pipeline.tokenization.store``), since their ids
+would mean different words. With no ``data.mixture`` the mixture is the one snapshot being trained (the
+default, read by today's loaders unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.config import ConfigError
+from pipeline.core.manifest import Manifest
+from pipeline.core.snapshots import SnapshotSelection, snapshot_folders
+from pipeline.core.storage import DatasetRef, local_path
+from pipeline.data.config import MixtureSource
+from pipeline.tokenization.store import manifest_digest
+
+log = logging.getLogger(__name__)
+TOKENS_STAGE = "tokenize"
+TRAIN_SPLIT = "train"
+# What every snapshot of a mixture must agree on besides the digest (implied by it; checked for outputs whose
+# manifests predate digests).
+TOKENIZER_FACTS = ("vocab_size", "dtype", "eos_token", "eos_id", "pad_token", "pad_id")
+
+
+class MixtureError(ConfigError):
+    """The mixture cannot be read as declared; the message names the source and what to change."""
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """One source: the complete tokenize outputs it reads, in name order, and its share of the tokens."""
+
+    name: str
+    corpus: str
+    selection: str
+    weight: float  # normalised: the sources' weights add up to 1
+    refs: tuple[DatasetRef, ...]
+    manifests: tuple[Manifest, ...]
+
+    @property
+    def snapshots(self) -> list[str]:
+        return [ref.snapshot for ref in self.refs]
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(int(manifest.counters["tokens"][TRAIN_SPLIT]) for manifest in self.manifests)
+
+    def folders(self, split: str = TRAIN_SPLIT) -> list[Path]:
+        return [ref.path / split for ref in self.refs]
+
+
+@dataclass(frozen=True)
+class Mixture:
+    sources: tuple[ResolvedSource, ...]
+    tokenizer_digest: str
+    tokenizer: dict[str, Any]  # TOKENIZER_FACTS, from the tokenize manifests
+    is_default: bool  # no data.mixture: the one snapshot being trained
+
+    @property
+    def names(self) -> list[str]:
+        return [source.name for source in self.sources]
+
+    @property
+    def weights(self) -> list[float]:
+        return [source.weight for source in self.sources]
+
+    @property
+    def refs(self) -> list[DatasetRef]:
+        """Every tokenize output the mixture reads (the inputs of a training run)."""
+        return [ref for source in self.sources for ref in source.refs]
+
+    def lineage(self) -> list[dict[str, Any]]:
+        """One entry per input snapshot: which source, corpus, snapshot, manifest digest and tokenizer."""
+        return [
+            {
+                "source": source.name,
+                "weight": source.weight,
+                "corpus": ref.corpus,
+                "snapshot": ref.snapshot,
+                "path": str(ref.path),
+                "digest": manifest.digest,
+                "tokenizer_digest": self.tokenizer_digest,
+                "train_tokens": int(manifest.counters["tokens"][TRAIN_SPLIT]),
+            }
+            for source in self.sources
+            for ref, manifest in zip(source.refs, source.manifests, strict=True)
+        ]
+
+
+def _corpora(root: str) -> list[str]:
+    folder = local_path(root)
+    return (
+        sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if folder.is_dir()
+        else []
+    )
+
+
+def _resolve_source(
+    root: str, where: str, source: MixtureSource, selection: SnapshotSelection, stage: str
+) -> tuple[list[DatasetRef], list[Manifest]]:
+    if not (local_path(root) / source.corpus).is_dir():
+        raise MixtureError(
+            f"{where}: unknown corpus {source.corpus!r}; corpora under {root}: {_corpora(root)}"
+        )
+    folders = snapshot_folders(root, source.corpus, stage)
+    refs = {name: DatasetRef(root, source.corpus, stage, name) for name in folders}
+    complete = [name for name in folders if refs[name].is_complete()]
+    missing = selection.missing(folders)
+    if missing:
+        raise MixtureError(
+            f"{where}: corpus {source.corpus} has no {stage} output for snapshot(s) {missing} "
+            f"(complete: {complete or 'none'}); run `pretrain {stage} --snapshot ...` first"
+        )
+    if selection.explicit:
+        incomplete = [name for name in selection.names if name not in complete]
+        if incomplete:
+            raise MixtureError(
+                f"{where}: the {stage} output of {source.corpus} snapshot(s) {incomplete} is incomplete (no "
+                f"_SUCCESS or manifest.json at {refs[incomplete[0]].path}): still being written, or it failed"
+            )
+    chosen = selection.select(complete)
+    if not chosen:
+        raise MixtureError(
+            f"{where}: snapshots {selection.describe()!r} match no complete {stage} output of corpus "
+            f"{source.corpus} (complete: {complete or 'none'})"
+        )
+    skipped = [name for name in selection.select(folders) if name not in complete]
+    if skipped:
+        log.warning("%s: leaving out incomplete %s outputs %s", where, stage, skipped)
+    manifests = [refs[name].manifest() for name in chosen]
+    for name, manifest in zip(chosen, manifests, strict=True):
+        if int(manifest.counters.get("tokens", {}).get(TRAIN_SPLIT, 0)) <= 0:
+            raise MixtureError(f"{where}: {source.corpus} snapshot {name} has no {TRAIN_SPLIT} tokens")
+    return [refs[name] for name in chosen], manifests
+
+
+def _check_one_tokenizer(resolved: list[tuple[str, list[DatasetRef], list[Manifest]]]) -> tuple[str, dict]:
+    """The one tokenizer digest (and its facts) every snapshot shares; else an error naming two that differ."""
+    first: tuple[str, DatasetRef, str, dict] | None = None
+    for name, refs, manifests in resolved:
+        for ref, manifest in zip(refs, manifests, strict=True):
+            digest = manifest_digest(manifest)
+            facts = {key: manifest.extra.get(key) for key in TOKENIZER_FACTS}
+            if first is None:
+                first = (name, ref, digest, facts)
+                continue
+            first_name, first_ref, first_digest, first_facts = first
+            if digest != first_digest or facts != first_facts:
+                raise MixtureError(
+                    f"data.mixture: snapshots tokenized with different tokenizers cannot be mixed (their ids "
+                    f"mean different text): source {first_name} {first_ref.corpus}/{first_ref.snapshot} has "
+                    f"tokenizer digest {first_digest}, source {name} {ref.corpus}/{ref.snapshot} has "
+                    f"{digest}; tokenize both with one (tokenize.tokenizer, docs/token-shards.md)"
+                )
+    assert first is not None
+    return first[2], first[3]
+
+
+def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKENS_STAGE) -> Mixture:
+    """``data.mixture`` of ``config`` (the pipeline's tree, ``pipeline.config.PipelineConfig``) resolved against ``project.data_root`` (or, when it is not set, ``snapshot`` of
+    ``project.corpus`` alone); raises MixtureError naming the source at fault."""
+    root = config.project.data_root
+    declared = config.data.mixture
+    is_default = not declared
+    if is_default:
+        if snapshot is None:
+            raise MixtureError("no data.mixture and no snapshot: nothing to train on")
+        declared = [MixtureSource(corpus=config.project.corpus, snapshots=[snapshot])]
+        names = [config.project.corpus]
+    else:
+        names = config.data.source_names()
+    resolved = []
+    for index, (source, name) in enumerate(zip(declared, names, strict=True)):
+        where = f"data.mixture[{index}] ({name})" if not is_default else f"snapshot {snapshot}"
+        refs, manifests = _resolve_source(root, where, source, source.selection, stage)
+        resolved.append((name, refs, manifests))
+    digest, facts = _check_one_tokenizer(resolved)
+    total = sum(source.weight for source in declared)
+    sources = tuple(
+        ResolvedSource(
+            name=name,
+            corpus=source.corpus,
+            selection=source.selection.describe(),
+            weight=source.weight / total,
+            refs=tuple(refs),
+            manifests=tuple(manifests),
+        )
+        for source, (name, refs, manifests) in zip(declared, resolved, strict=True)
+    )
+    mixture = Mixture(sources, digest, facts, is_default)
+    if not is_default:
+        for source in sources:
+            log.info(
+                "mixture source %s: %d token(s) in %s snapshot(s) of %s (%s), weight %.4f",
+                source.name,
+                source.train_tokens,
+                len(source.refs),
+                source.corpus,
+                source.selection,
+                source.weight,
+            )
+    return mixture

@@ -1,0 +1,167 @@
+"""data.mixture: validated at config load, resolved against the data root with one clear error per problem,
+and read by the right loader (today's for one snapshot, the blended one for a mixture)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.core.config import ConfigError
+from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.data.blend import BlendedPackedLoader, BlendedTokenBudgetLoader, build_loader
+from pipeline.data.loader import DistributedBatchLoader
+from pipeline.data.mixture import MixtureError, resolve_mixture
+from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from pipeline.tokenization.store import folder_digest
+from tests.conftest import make_config
+from tests.data.test_blend import write_source
+
+FACTS = {"vocab_size": 3000, "dtype": "uint16", "eos_token": "<e>", "eos_id": 0, "pad_token": "<p>", "pad_id": 1}
+
+
+def publish_tokens(root, corpus, snapshot, index=0, tokenizer="A", documents=40, complete=True):
+    """A tokenize output of random documents in source ``index``'s id range, with tokenizer files whose
+    content is ``tokenizer`` (so equal names give equal digests)."""
+    config = make_config(root, f"project.corpus={corpus}")
+    ref = DatasetRef.of(config, "tokenize", snapshot)
+    if not complete:
+        (ref.path / "train").mkdir(parents=True)
+        return ref
+    with StageOutput(ref, config) as out:
+        write_source(out.path / "train", index, [documents], lambda r: int(r.integers(2, 30)), seed=index)
+        (out.path / TOKENIZER_FILE).write_text(json.dumps({"tokenizer": tokenizer}))
+        (out.path / TOKENIZER_CONFIG_FILE).write_text("{}")
+        tokens = sum(int(np.fromfile(p, dtype=np.uint16).size) for p in (out.path / "train").glob("*.bin"))
+        out.commit(counters={"tokens": {"train": tokens, "validation": 0}}, extra=dict(FACTS))
+    return ref
+
+
+def mixture_config(root, mixture, *more):
+    return make_config(root, f"data.mixture={json.dumps(mixture)}", "train.seq_len=8", "train.batch_size=2", *more)
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    for day, snapshot in enumerate(["2026-11-01", "2026-11-02", "2026-11-03"]):
+        publish_tokens(root, "web", snapshot, index=day)
+    publish_tokens(root, "books", "v1", index=3)
+    return root
+
+
+def test_snapshots_are_chosen_by_name_glob_range_last_or_all(data_root):
+    mixture = resolve_mixture(
+        mixture_config(
+            data_root,
+            [
+                {"corpus": "web", "snapshots": "2026-11-02..", "weight": 3},
+                {"corpus": "books", "snapshots": "all", "weight": 1},
+            ],
+        )
+    )
+    assert mixture.names == ["web", "books"] and mixture.weights == [0.75, 0.25]
+    assert mixture.sources[0].snapshots == ["2026-11-02", "2026-11-03"]
+    assert not mixture.is_default
+    lineage = mixture.lineage()
+    assert [(entry["source"], entry["snapshot"]) for entry in lineage] == [
+        ("web", "2026-11-02"),
+        ("web", "2026-11-03"),
+        ("books", "v1"),
+    ]
+    assert {entry["tokenizer_digest"] for entry in lineage} == {mixture.tokenizer_digest}
+    assert mixture.tokenizer == FACTS
+    for spec, chosen in [
+        ("last:1", ["2026-11-03"]),
+        ("2026-11-0[13]", ["2026-11-01", "2026-11-03"]),
+        (["2026-11-02"], ["2026-11-02"]),
+    ]:
+        config = mixture_config(data_root, [{"corpus": "web", "snapshots": spec}])
+        assert resolve_mixture(config).sources[0].snapshots == chosen
+
+
+def test_a_corpus_twice_gets_names_that_tell_the_sources_apart(data_root):
+    config = mixture_config(
+        data_root,
+        [{"corpus": "web", "snapshots": "last:1"}, {"corpus": "web", "snapshots": "..2026-11-02", "weight": 2}],
+    )
+    assert resolve_mixture(config).names == ["web:last:1", "web:..2026-11-02"]
+
+
+@pytest.mark.parametrize(
+    ("mixture", "message"),
+    [
+        ([{"corpus": "webb"}], r"data\.mixture\[0\] \(webb\): unknown corpus 'webb'; corpora under .*\['books', 'web'\]"),
+        (
+            [{"corpus": "web"}, {"corpus": "books", "snapshots": ["v2"]}],
+            r"data\.mixture\[1\] \(books\): corpus books has no tokenize output for snapshot\(s\) \['v2'\]",
+        ),
+        ([{"corpus": "web", "snapshots": "2025-*"}], r"'2025-\*' match no complete tokenize output of corpus web"),
+    ],
+)
+def test_unknown_corpora_and_snapshots_are_clear_errors_naming_the_source(data_root, mixture, message):
+    with pytest.raises(MixtureError, match=message):
+        resolve_mixture(mixture_config(data_root, mixture))
+
+
+def test_an_incomplete_output_is_named_or_left_out(data_root):
+    publish_tokens(data_root, "web", "2026-11-04", complete=False)
+    with pytest.raises(MixtureError, match=r"snapshot\(s\) \['2026-11-04'\] is incomplete"):
+        resolve_mixture(mixture_config(data_root, [{"corpus": "web", "snapshots": ["2026-11-04"]}]))
+    chosen = resolve_mixture(mixture_config(data_root, [{"corpus": "web", "snapshots": "all"}]))
+    assert chosen.sources[0].snapshots == ["2026-11-01", "2026-11-02", "2026-11-03"]  # every complete one
+
+
+def test_two_tokenizers_are_refused_naming_both_digests(data_root):
+    other = publish_tokens(data_root, "books", "v2", index=4, tokenizer="B")
+    books_v1 = DatasetRef(str(data_root), "books", "tokenize", "v1")
+    config = mixture_config(data_root, [{"corpus": "books", "snapshots": "all"}])
+    with pytest.raises(MixtureError) as error:
+        resolve_mixture(config)
+    message = str(error.value)
+    assert folder_digest(books_v1.path) in message and folder_digest(other.path) in message
+    assert "books/v1" in message and "books/v2" in message
+    # The same tokenizer files in another corpus: one digest, mixed happily.
+    ok = mixture_config(data_root, [{"corpus": "web"}, {"corpus": "books", "snapshots": ["v1"]}])
+    assert resolve_mixture(ok).tokenizer_digest == folder_digest(books_v1.path)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('[{"corpus": "web", "weight": 0}]', r"data\.mixture\.0\.weight"),
+        ('[{"corpus": "web", "snapshots": "last:0"}]', r"data\.mixture\.0\.snapshots.*last:N"),
+        ('[{"corpus": "bad name"}]', r"data\.mixture\.0\.corpus"),
+        ('[{"corpus": "web", "wieght": 2}]', r"data\.mixture\.0\.wieght"),
+        ("[]", r"data\.mixture"),
+        ('[{"corpus": "web"}, {"corpus": "books", "name": "web"}]', r"both called \['web'\]"),
+    ],
+)
+def test_a_malformed_mixture_fails_at_config_load_naming_the_key(tmp_path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(tmp_path, f"data.mixture={value}")
+
+
+def test_without_a_mixture_the_one_snapshot_is_read_by_todays_loader(data_root):
+    config = make_config(data_root, "project.corpus=web", "train.seq_len=8", "train.batch_size=2")
+    mixture = resolve_mixture(config, snapshot="2026-11-02")
+    assert mixture.is_default and mixture.names == ["web"] and mixture.sources[0].snapshots == ["2026-11-02"]
+    loader = build_loader(mixture, config, rank=1, world_size=2)
+    assert isinstance(loader, DistributedBatchLoader)
+    assert next(loader).sources is None
+    with pytest.raises(MixtureError, match="snapshot 2026-12-01: corpus web has no tokenize output"):
+        resolve_mixture(config, snapshot="2026-12-01")
+
+
+def test_a_mixture_is_read_by_the_blended_loader_of_the_configured_batching(data_root):
+    spec = [{"corpus": "web", "snapshots": "all", "weight": 2}, {"corpus": "books", "weight": 1}]
+    config = mixture_config(data_root, spec)
+    loader = build_loader(resolve_mixture(config), config, rank=0, world_size=2)
+    assert isinstance(loader, BlendedPackedLoader) and loader.source_names == ["web", "books"]
+    batch = next(loader)
+    assert batch.inputs.shape == (2, 8) and batch.sources.tolist() == [0, 1]  # Megatron's rule: web, books
+    budget = mixture_config(data_root, spec, "data.batching=token_budget", "data.max_tokens_per_batch=64")
+    loader = build_loader(resolve_mixture(budget), budget)
+    assert isinstance(loader, BlendedTokenBudgetLoader)
+    assert next(loader).inputs.numel() <= 64
