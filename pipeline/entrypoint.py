@@ -128,7 +128,7 @@ def stage_main(
     reads = registered_stage(stage).reads
     input_stages = [args.input_stage, *reads[1:]] if reads else []
     # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
-    inputs = []
+    inputs: list[DatasetRef] = []
     for name in input_stages:
         # The per-run outputs a stage reads are those of one training run: the run of its first input.
         same_run = inputs[0].run if inputs and config.keeps_runs(name) else None

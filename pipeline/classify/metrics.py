@@ -84,7 +84,7 @@ def plot_score_histogram(labels: np.ndarray, scores: np.ndarray, path: Path, bin
 
     labels = np.asarray(labels)
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    edges = np.linspace(0, 1, bins + 1)
+    edges = np.linspace(0, 1, bins + 1).tolist()
     for value, name in ((1, "positives"), (0, "negatives")):
         axis.hist(np.clip(scores[labels == value], 0, 1), bins=edges, histtype="step", label=name)
     axis.set(title="held-out scores by true label", xlabel="score", ylabel="documents")

@@ -127,6 +127,7 @@ def resolve(spec: ScoringModel, config: PipelineConfig) -> ResolvedModel:
             kind, path = _model_file(ref.path)
             source = f"trained:{spec.trained}"
         else:
+            assert spec.path is not None  # the validator: a path or a trained model
             kind, path = _model_file(Path(spec.path).expanduser())
             source = str(spec.path)
         path = path.resolve()
@@ -241,6 +242,7 @@ class EmbeddingClassifier:
 def score_texts(model: ResolvedModel, texts: Sequence[str], loads=None) -> list[float]:
     loaded = _load(model, loads)
     if model.kind == "fasttext":
+        assert model.label is not None  # resolve() checked a fastText model's label
         return fasttext_scores(loaded, texts, model.label, model.preprocess)
     return loaded.scores(texts)
 
@@ -262,6 +264,7 @@ def score_batches(
         langs = batch.column("lang").to_pylist() if "lang" in batch.schema.names else [None] * batch.num_rows
         columns = list(batch.columns)
         for model in models:
+            chosen: Sequence[int]
             if model.languages is None:
                 chosen = range(len(texts))
             else:

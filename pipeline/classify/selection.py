@@ -11,6 +11,7 @@ not cover) always pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,9 +32,8 @@ class Cut:
     threshold: float | None = None  # top_fraction: the score of the last document kept
     language_thresholds: dict[str, float] = field(default_factory=dict)
     top_fraction: float | None = None
-    tie_id: str | None = (
-        None  # top_fraction: of documents scoring exactly `threshold`, ids up to this one stay
-    )
+    # top_fraction: of documents scoring exactly `threshold`, ids up to this one stay
+    tie_id: str | None = None
     scored: int | None = None  # top_fraction: documents scored (n)
     target: int | None = None  # top_fraction: documents to keep (k)
 
@@ -49,14 +49,17 @@ def keep_condition(column: str, cut: Cut) -> str:
     if cut.mode == "top_fraction":
         if cut.target == 0:
             return f"{column} IS NULL"
-        if cut.tie_id is None:  # everything scored is kept
+        if cut.tie_id is None or cut.threshold is None:  # everything scored is kept
             return "true"
         value = sql_literal(float(cut.threshold))
         return (
             f"({column} IS NULL OR {column} {better} {value} OR "
             f"({column} = {value} AND id <= {sql_literal(cut.tie_id)}))"
         )
-    thresholds = {None: cut.threshold, **dict(sorted(cut.language_thresholds.items()))}
+    thresholds: dict[str | None, float | None] = {
+        None: cut.threshold,
+        **dict(sorted(cut.language_thresholds.items())),
+    }
     bound = per_language_sql(
         "lang", {lang: _double(value) for lang, value in thresholds.items()}, sql_literal
     )
@@ -84,9 +87,9 @@ def top_fraction_cut(scored: DataFrame, column: str, fraction: float, keep: str,
     ranked = scored.where(F.col(column).isNotNull()).select("id", (F.col(column) * sign).alias("key"))
     n = ranked.count()
     k = math.floor(fraction * n + 0.5)
-    base = {"mode": "top_fraction", "keep": keep, "top_fraction": fraction, "scored": n, "target": k}
+    base = functools.partial(Cut, mode="top_fraction", keep=keep, top_fraction=fraction, scored=n, target=k)
     if k == 0 or k == n:
-        return Cut(**base)
+        return base()
     position = 1.0 - k / n  # the cut's key sits at this quantile from the bottom
     width = 2 * error
     while True:
@@ -103,6 +106,6 @@ def top_fraction_cut(scored: DataFrame, column: str, fraction: float, keep: str,
             rows = sorted((-row["key"], row["id"]) for row in inside.collect())
             if needed <= len(rows):
                 key, tie_id = rows[needed - 1]
-                return Cut(**base, threshold=-key * sign, tie_id=tie_id)
+                return base(threshold=-key * sign, tie_id=tie_id)
         # The approximate quantile missed its guarantee (it cannot for a correct Spark): widen and retry.
         width *= 4

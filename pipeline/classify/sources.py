@@ -44,14 +44,17 @@ def source_files(pattern: str) -> tuple[str, list[str]]:
     if not files:
         raise ConfigError(f"no readable files at {pattern!r} (JSONL, Parquet or .txt)")
     formats = {_format_of(Path(f)) for f in files}
-    if len(formats) != 1 or None in formats:
+    known = {fmt for fmt in formats if fmt is not None}
+    if len(formats) != 1 or len(known) != 1:
         raise ConfigError(
             f"{pattern!r}: give files of one format (.jsonl/.json, .parquet or .txt), found {sorted(map(str, formats))}"
         )
-    return formats.pop(), files
+    return known.pop(), files
 
 
 def stage_documents(config: PipelineConfig, source: TextSource) -> DatasetRef:
+    if source.stage is None or source.snapshot is None:
+        raise ConfigError(f"{source.describe()}: not a stage's output (give stage and snapshot)")
     ref = DatasetRef(
         config.project.data_root, source.corpus or config.project.corpus, source.stage, source.snapshot
     )
@@ -68,6 +71,7 @@ def read_text_source(
         frame = spark.read.parquet(str(stage_documents(config, source).path / "documents"))
         origin = source.describe()
     else:
+        assert source.path is not None  # the validator: files or a stage's output
         fmt, files = source_files(source.path)
         fmt = fmt if source.format == "auto" else source.format
         origin = source.path
@@ -85,6 +89,8 @@ def read_text_source(
         )
     columns = [F.col(source.text_field).cast("string").alias("text")]
     if score:
+        if source.score_field is None:
+            raise ConfigError(f"{origin}: labelled examples need score_field, the column holding each score")
         columns.append(F.col(source.score_field).cast("double").alias("score"))
     frame = frame.select(*columns).where(F.col("text").isNotNull() & (F.length(F.trim("text")) > 0))
     if source.max_documents is not None:

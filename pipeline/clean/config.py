@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.clean.url_filter import UrlFilterConfig
-from pipeline.core.config import Section
+from pipeline.core.config import Section, UnicodeForm
 
 
 class GopherRepetitionConfig(Section):
@@ -114,7 +114,7 @@ class CleanConfig(Section):
     recipe: Literal["fineweb", "fineweb_strict"] = Field(
         "fineweb", description="named filter settings (RECIPES); explicit clean.* keys override them"
     )
-    unicode_form: Literal["NFC", "NFKC"] = Field(
+    unicode_form: UnicodeForm = Field(
         "NFC",
         description="Unicode normal form of the kept text: NFC keeps it as written (as FineWeb does); NFKC also "
         "folds full-width punctuation, ligatures and the like into ASCII (docs/clean.md)",

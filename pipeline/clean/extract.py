@@ -100,7 +100,7 @@ def _legacy_guess(payload: bytes) -> tuple[str, float]:
         return _LIKELY_LEGACY, legacy
     best = from_bytes(payload).best()
     detected = codec_name(best.encoding) if best is not None else None
-    if detected is None or best.chaos >= legacy:
+    if best is None or detected is None or best.chaos >= legacy:
         return _LIKELY_LEGACY, legacy
     return detected, best.chaos
 
@@ -201,7 +201,7 @@ def extract_batches(
     root = Path(crawl_root)
     checker = url_filter.value if url_filter is not None else None
     for batch in batches:
-        out = {name: [] for name in EXTRACTED_SCHEMA.names}
+        out: dict[str, list] = {name: [] for name in EXTRACTED_SCHEMA.names}
         for row in batch.to_pylist():
             text, reason, charset, fix = None, None, None, None
             blocked = checker.check(row["url"]) if checker is not None else None

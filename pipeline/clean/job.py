@@ -86,7 +86,9 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
         columns: dict[str, list] = {name: [] for name in ("text", "lang", "lang_score", "signals", "c4_text")}
         for row, raw in enumerate(raw_texts):
             text = decode_utf8(raw) if raw is not None else None
-            lang = score = signals = c4_text = None
+            lang: str | None = None
+            score: float | None = None
+            signals = c4_text = None
             if rules[row] is None and text is not None:
                 try:
                     text = normalize_text(text, config.unicode_form)
@@ -95,6 +97,7 @@ def prepare_batches(batches: Iterator[pa.RecordBatch], config: CleanConfig) -> I
                     if (
                         len(text) >= config.min_chars
                         and lang in kept_languages
+                        and score is not None
                         and score >= config.min_score_for(lang)
                     ):
                         signals, c4_text = documents.compute(text, lang)
@@ -122,9 +125,9 @@ def _decision_rules(config: CleanConfig) -> list[tuple[str, str, str]]:
     """(rule name, drop condition, reason) for every rule after the Python pass, in recipe order, as Spark
     SQL (``sql_literal`` says why text)."""
     languages = ", ".join(sql_literal(lang) for lang in config.languages)
-    min_score = per_language_sql(
-        "lang", {None: config.min_language_score, **config.language_min_scores}, sql_literal
-    )
+    min_scores: dict[str | None, float] = {None: config.min_language_score}
+    min_scores.update(config.language_min_scores)
+    min_score = per_language_sql("lang", min_scores, sql_literal)
     decisions = [
         (
             "normalize.too_short",

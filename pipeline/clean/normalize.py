@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import cache
+from typing import get_args
+
+from pipeline.core.config import UnicodeForm
 
 # C0/C1 controls except tab and newline, soft hyphen, zero-width, bidi and deprecated formatting characters,
 # interlinear annotations, lone surrogates and tag characters.
@@ -33,8 +36,8 @@ _FTFY_TRIGGER = re.compile(r"[\x80-\x9f\x1b\ud800-\udfff]")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _SPACES = re.compile(r"[^\S\n]+")
 _BLANK_LINES = re.compile(r"\n{3,}")
-UNICODE_FORMS = ("NFC", "NFKC")
-DEFAULT_FORM = "NFC"
+UNICODE_FORMS: tuple[UnicodeForm, ...] = get_args(UnicodeForm)
+DEFAULT_FORM: UnicodeForm = "NFC"
 
 
 @cache
@@ -94,7 +97,7 @@ def strip_terminal_escapes(text: str) -> str:
     return TERMINAL_ESCAPE.sub("", text)
 
 
-def normalize_text(text: str, form: str = DEFAULT_FORM) -> str:
+def normalize_text(text: str, form: UnicodeForm = DEFAULT_FORM) -> str:
     """Punctuation and symbols are kept: stripping them (the naive [^\\w\\s]) destroys sentences.
 
     ``form`` is the Unicode normal form (``UNICODE_FORMS``). Paragraph breaks survive as one blank line; any
@@ -110,7 +113,7 @@ def normalize_text(text: str, form: str = DEFAULT_FORM) -> str:
     return text
 
 
-def _normalize_once(text: str, form: str) -> str:
+def _normalize_once(text: str, form: UnicodeForm) -> str:
     text = strip_terminal_escapes(text)
     # Plain ASCII cannot hold mojibake.
     if not text.isascii():

@@ -142,7 +142,9 @@ def read_lists(specs: Iterable[UrlList]) -> tuple[UrlLists, dict[str, int]]:
                     category = parts[-2]
                     if wanted is not None and category not in wanted:
                         continue
-                    text = archive.extractfile(member).read().decode("utf-8", errors="replace")
+                    extracted = archive.extractfile(member)
+                    assert extracted is not None  # a regular file, checked above
+                    text = extracted.read().decode("utf-8", errors="replace")
                     entries = list(_entries(text.splitlines()))
                     lists.add(parts[-1], entries, category)
                     sizes[category] = sizes.get(category, 0) + len(entries)
@@ -177,7 +179,7 @@ class UrlFilter:
     soft_banned_words: frozenset[str] = frozenset()
     soft_banned_threshold: int = 2
     banned_subwords: re.Pattern | None = None
-    sizes: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int | dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: UrlFilterConfig) -> UrlFilter | None:

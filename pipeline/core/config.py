@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ENV_PREFIX = "PRETRAIN__"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_ROOT = "data"  # relative: the current directory's ./data
+# The Unicode normal forms clean writes text in and the tokenizer normalises to (docs/clean.md says why NFC).
+UnicodeForm = Literal["NFC", "NFKC"]
 
 
 # ``Field(..., json_schema_extra=NAMES_OUTPUT)``: a key that names where an output goes, not how it is made;

@@ -15,12 +15,8 @@ from typing import Any
 
 MAX_JSON_DEPTH = 64  # deeper than any log line or document record needs
 
-_STRING = {
-    str: re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL),
-    bytes: re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL),
-}
-_BRACKET = {str: re.compile(r"[\[\]{}]"), bytes: re.compile(rb"[\[\]{}]")}
-_OPENING = {"[", "{", ord("["), ord("{"), b"[", b"{"}
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 class JsonTooDeep(ValueError):
@@ -33,13 +29,16 @@ def json_depth_exceeds(text: str | bytes, limit: int) -> int | None:
     Brackets inside strings do not count. Cheap for ordinary lines: unless the line holds more than
     ``limit`` opening brackets in all, nothing is scanned.
     """
-    kind = type(text)
-    opening = text.count("[" if kind is str else b"[") + text.count("{" if kind is str else b"{")
-    if opening <= limit:
+    if isinstance(text, bytes):
+        if text.count(b"[") + text.count(b"{") <= limit:
+            return None
+        # UTF-8 puts no ASCII byte inside a multi-byte character: brackets, quotes and backslashes keep their places.
+        text = text.decode("latin-1")
+    elif text.count("[") + text.count("{") <= limit:
         return None
     depth = 0
-    for match in _BRACKET[kind].finditer(_STRING[kind].sub("" if kind is str else b"", text)):
-        if match.group(0) in _OPENING:
+    for match in _BRACKET.finditer(_STRING.sub("", text)):
+        if match.group(0) in "[{":
             depth += 1
             if depth > limit:
                 return depth

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -89,7 +90,7 @@ class Manifest:
         return cls.parse(Path(path).read_bytes(), path)
 
     @classmethod
-    def parse(cls, data: bytes, path: str | Path) -> Manifest:
+    def parse(cls, data: builtins.bytes, path: str | Path) -> Manifest:
         """The manifest in ``data`` (read from ``path``); DamagedInputError naming the file when it is not one."""
         try:
             return cls.from_dict(json.loads(data.decode("utf-8")))

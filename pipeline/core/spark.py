@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pipeline.core.storage import DatasetRef
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
 
 # A path in a Spark or Hadoop message: "file:/x/y.parquet", "file:///x/y.parquet" or "/x/y.parquet".
 _PATH_IN_MESSAGE = re.compile(r"(?:file:(?://)?)?(/[^\s'\",;\]\[()]+)")
@@ -148,6 +148,13 @@ def spark_schema(arrow_schema):
     return from_arrow_schema(arrow_schema)
 
 
+def aggregate(df: DataFrame, *columns: Column) -> Row:
+    """The one row of an aggregation over the whole frame (Spark types ``first()`` as maybe absent; here it never is)."""
+    row = df.agg(*columns).first()
+    assert row is not None, "an aggregation without grouping returns one row"
+    return row
+
+
 def map_in_arrow(df: DataFrame, body, schema) -> DataFrame:
     """``df.mapInArrow(body, schema)``, with each task's Python worker heap frozen first.
 
@@ -241,10 +248,11 @@ def _is_spark_error(exc: BaseException) -> bool:
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ sample repeated or skipped; only the incomplete last step of the epoch, dropped 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import logging
@@ -343,6 +344,11 @@ class DistributedBatchLoader(_EpochLoader):
         return {**super().state_dict(), "batch_size": self.batch_size}
 
 
+def _padded_tokens(end: int, start: int, lengths: np.ndarray) -> int:
+    """Tokens in a padded batch of rows start..end of a length-sorted pool: rows x the longest (the last)."""
+    return (end - start + 1) * int(lengths[end])
+
+
 def token_budget_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int, pool_size: int) -> list:
     """Split ``order`` (sample indices) into batches whose rows x longest row <= max_tokens.
 
@@ -357,11 +363,8 @@ def token_budget_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int
         start = 0
         while start < len(pool):
             # (rows) x (length of the last row) grows with the end, so the largest end can be bisected.
-            stop = bisect.bisect_right(
-                range(start, len(pool)),
-                max_tokens,
-                key=lambda end, start=start: (end - start + 1) * int(pool_lengths[end]),
-            )
+            padded = functools.partial(_padded_tokens, start=start, lengths=pool_lengths)
+            stop = bisect.bisect_right(range(start, len(pool)), max_tokens, key=padded)
             stop = start + max(stop, 1)
             batches.append(pool[start:stop])
             start = stop
@@ -399,7 +402,8 @@ class TokenBudgetBatchLoader(_EpochLoader):
         self.max_tokens = max_tokens
         self.pad_id = pad_id
         self.pool_size = pool_size
-        self._cached_epoch, self._cached_batches = -1, []
+        self._cached_epoch = -1
+        self._cached_batches: list[np.ndarray] = []
         if self._units_in_epoch(0) < world_size:
             raise ValueError(
                 f"the data makes {self._units_in_epoch(0)} batches of {max_tokens} tokens, fewer than "

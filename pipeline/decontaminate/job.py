@@ -135,16 +135,17 @@ def build_index(
         .select("hash", "first.check", "first.set_order", "first.width", "first.prefix")
     )
     collected = index.limit(settings.broadcast_max_ngrams + 1).collect()
+    broadcast: list | None = None
     if len(collected) <= settings.broadcast_max_ngrams:
-        per_set = Counter(int(r["set_order"]) for r in collected)
+        broadcast = collected
+        per_set = dict(Counter(int(r["set_order"]) for r in collected))
     else:
-        collected = None
         index = index.cache()
         per_set = {int(r["set_order"]): int(r["count"]) for r in index.groupBy("set_order").count().collect()}
     item_counts = items.groupBy("set_order").count().collect()
     return (
         index,
-        collected,
+        broadcast,
         {
             "ngrams": dict(per_set),
             "items": {int(r["set_order"]): int(r["count"]) for r in item_counts},
@@ -335,6 +336,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 index.unpersist()
             log.info("decontaminate: no evaluation n-gram: %d documents passed through", rows["documents"])
             return out.commit(rows=rows, counters=counters, extra=extra)
+        assert index is not None  # n-grams came from items, so an index was built
 
         docs = spark.read.parquet(str(source.path / "documents"))
         missing = [name for name in ("id", "text") if name not in docs.columns]

@@ -70,16 +70,16 @@ _ASCII_NOT_WORD = r"[^a-z0-9]+"
 def normalize_words(texts: Sequence[str | None]) -> pa.Array:
     """``normalize_for_dedup`` of each text, faster where a text is ASCII: there NFKC changes nothing and no
     character is CJK, so lower case and one RE2 pass give the same words (held to it by a property test)."""
-    texts = [text or "" for text in texts]
-    plain = [row for row, text in enumerate(texts) if text.isascii()]
+    strings = [text or "" for text in texts]
+    plain = [row for row, text in enumerate(strings) if text.isascii()]
     if not plain:
-        return normalize_for_dedup(pa.array(texts, pa.string()))
-    lowered = pa.array([texts[row].lower() for row in plain], pa.large_string())
+        return normalize_for_dedup(pa.array(strings, pa.string()))
+    lowered = pa.array([strings[row].lower() for row in plain], pa.large_string())
     fast = pc.utf8_trim(pc.replace_substring_regex(lowered, _ASCII_NOT_WORD, " "), " ")
-    if len(plain) == len(texts):
+    if len(plain) == len(strings):
         return fast
-    other = [row for row, text in enumerate(texts) if not text.isascii()]
-    slow = normalize_for_dedup(pa.array([texts[row] for row in other], pa.string())).cast(pa.large_string())
+    other = [row for row, text in enumerate(strings) if not text.isascii()]
+    slow = normalize_for_dedup(pa.array([strings[row] for row in other], pa.string())).cast(pa.large_string())
     back = np.argsort(np.array(plain + other, dtype=np.int64), kind="stable")
     return pa.concat_arrays([fast.cast(pa.large_string()), slow]).take(pa.array(back))
 
@@ -222,7 +222,7 @@ class BloomFilter:
             return np.zeros(0, dtype=bool)
         positions = self._positions(keys)
         present = (self.bits[positions // U64(64)] >> (positions % U64(64))) & U64(1)
-        return present.astype(bool).all(axis=0)
+        return np.asarray(present.astype(bool).all(axis=0))
 
 
 def candidate_rows(

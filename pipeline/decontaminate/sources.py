@@ -144,6 +144,7 @@ def _item_text(task, doc) -> str:
 def file_items(spark: SparkSession, eval_set: EvalSet) -> DataFrame:
     from pyspark.sql import functions as F
 
+    assert eval_set.path is not None  # a file set's validator requires its path
     fmt, files = source_files(eval_set.path)
     if fmt == "jsonl":
         frame = spark.read.json(files)

@@ -86,7 +86,7 @@ def connected_components(
     """
     from pyspark.sql import functions as F
 
-    partitions = int(edges.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    partitions = int(edges.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
     # The star test below is the first action on each new edge set, so it also fills the lazy checkpoint.
     current = _oriented(edges, left, right).localCheckpoint(eager=False)
     # Links to a bucket's smallest id are often stars already: then no round is needed.

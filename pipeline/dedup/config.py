@@ -75,7 +75,7 @@ class DedupConfig(Section):
     def _banding(self) -> DedupConfig:
         if (self.bands is None) != (self.rows is None):
             raise ValueError("set both bands and rows, or neither (then they come from threshold)")
-        if self.bands is not None and self.bands * self.rows > 4096:
+        if self.bands is not None and self.rows is not None and self.bands * self.rows > 4096:
             raise ValueError(f"bands x rows = {self.bands * self.rows} permutations; at most 4096")
         if self.false_positive_weight + self.false_negative_weight == 0:
             raise ValueError("false_positive_weight and false_negative_weight cannot both be 0")

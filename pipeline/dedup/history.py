@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pipeline.core.snapshots import SnapshotSelection, complete_snapshots
-from pipeline.core.spark import map_in_arrow, spark_schema
+from pipeline.core.spark import aggregate, map_in_arrow, spark_schema
 from pipeline.core.storage import DatasetRef
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.minhash import MinHasher
@@ -295,11 +295,11 @@ def earlier_duplicates(
             verified = candidates.withColumn("similarity", F.lit(None).cast("double"))
         matches = matches.unionByName(first_match(verified, "near"))
     matches = matches.persist()
-    stats = matches.agg(
+    stats = aggregate(
+        matches,
         F.count(F.when(F.col("match") == "exact", 1)).alias("exact"),
         F.count(F.when(F.col("match") == "near", 1)).alias("near"),
-    ).first()
-    assert stats is not None  # an aggregation without grouping has one row
+    )
     counters["exact_matches"], counters["near_matches"] = int(stats["exact"]), int(stats["near"])
     if candidates is not None:
         counters["near_candidate_pairs"] = candidates.count()  # cached by the job above

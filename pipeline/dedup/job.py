@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.progress import StepClock
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
@@ -86,7 +86,7 @@ class DedupInputError(ValueError):
 
 
 def minhasher(dedup: DedupConfig, seed: int) -> MinHasher:
-    if dedup.bands is not None:
+    if dedup.bands is not None and dedup.rows is not None:
         bands, rows = dedup.bands, dedup.rows
     else:
         bands, rows = optimal_bands_rows(
@@ -209,11 +209,12 @@ def near_duplicates(
     else:
         scored = links.withColumn("similarity", F.lit(None).cast("double"))
     scored = scored.cache()
-    stats = scored.agg(
+    stats = aggregate(
+        scored,
         F.count(F.lit(1)).alias("pairs"),
         F.count(F.when(F.col("similarity") >= dedup.threshold, 1)).alias("verified"),
         F.max("bucket_size").alias("largest_bucket"),
-    ).first()
+    )
     links.unpersist()
     candidate_pairs = int(stats["pairs"])
     verified = int(stats["verified"]) if dedup.verify else candidate_pairs
@@ -268,14 +269,15 @@ def document_features(
         lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near, hashed),
         schema,
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    stats = features.agg(
+    stats = aggregate(
+        features,
         F.count(F.lit(1)).alias("rows"),
         F.count("id").alias("with_id"),
         F.countDistinct("id").alias("distinct_ids"),
         F.count(F.when(~F.col("has_text"), 1)).alias("null_text"),
         F.count(F.when(F.col("has_text") & (F.col("n_tokens") == 0), 1)).alias("no_tokens"),
         F.count(F.when(F.col("n_shingles") == 1, 1)).alias("one_shingle"),
-    ).first()
+    )
     if stats["with_id"] != stats["rows"]:
         features.unpersist()
         raise DedupInputError(
@@ -335,10 +337,11 @@ def decide(
     else:
         survivors = survivors.withColumn("exact_rep", F.col("id"))
     survivors = survivors.select("id", "exact_rep", "band_keys").persist(StorageLevel.MEMORY_AND_DISK)
-    counts = survivors.agg(
+    counts = aggregate(
+        survivors,
         F.count(F.lit(1)).alias("survivors"),
         F.count(F.when(F.col("exact_rep") == F.col("id"), 1)).alias("unique"),
-    ).first()
+    )
     clock.done(
         "url_and_exact_dedup",
         "%d documents after URL dedup, %d after exact dedup",
@@ -347,6 +350,8 @@ def decide(
     )
 
     counters: dict = {}
+    roots: DataFrame | None = None
+    scored: DataFrame | None = None
     if dedup.near and counts["unique"]:
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         roots, scored, counters = near_duplicates(
@@ -356,7 +361,6 @@ def decide(
             "id", "exact_rep", F.coalesce("root", "exact_rep").alias("near_rep")
         )
     else:
-        roots = scored = None
         final = survivors.select("id", "exact_rep", F.col("exact_rep").alias("near_rep"))
 
     semantic = assignments = None
@@ -394,9 +398,9 @@ def decide(
     ).persist(StorageLevel.MEMORY_AND_DISK)
     decisions.count()
     survivors.unpersist()
-    if roots is not None:
-        roots.unpersist()
-        scored.unpersist()
+    for frame in (roots, scored):
+        if frame is not None:
+            frame.unpersist()
     clock.done("decide", "every document has its representative")
     return decisions, counters, (semantic, assignments), semantic_extra
 
@@ -446,13 +450,12 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     }
     if null_text:
         per_reason[NULL_TEXT] = (null_text, 0, 0)
-    clusters = (
+    cluster_sizes = (
         decisions.where(F.col("drop_reason").isNotNull() & (F.col("drop_reason") != F.lit(EARLIER_DUPLICATE)))
         .groupBy("representative_id")
         .count()
-        .agg(F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
-        .first()
     )
+    clusters = aggregate(cluster_sizes, F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
     kept_documents, kept_bytes, kept_chars = per_reason.pop("kept", (0, 0, 0))
     dropped = {reason: per_reason[reason][0] for reason in sorted(per_reason)}
     dropped_bytes = {reason: per_reason[reason][1] for reason in sorted(per_reason)}

@@ -78,8 +78,8 @@ class _Powers:
     """POLY_BASE**i and POLY_INVERSE**i mod 2^64 for i < n, grown on demand and kept per process."""
 
     def __init__(self) -> None:
-        self.forward = np.ones(1, dtype=U64)
-        self.inverse = np.ones(1, dtype=U64)
+        self.forward: np.ndarray = np.ones(1, dtype=U64)
+        self.inverse: np.ndarray = np.ones(1, dtype=U64)
 
     def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         if len(self.forward) < n:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from pipeline.core.spark import map_in_arrow, spark_schema
+from pipeline.core.spark import aggregate, map_in_arrow, spark_schema
 from pipeline.dedup.config import SemanticConfig
 from pipeline.embeddings import embed_batches, embedded_schema
 
@@ -162,7 +162,7 @@ def semantic_duplicates(
         return None, None, counters, extra
 
     if k > 1:
-        vectors = embedded.withColumn("features", array_to_vector("embedding"))
+        vectors = embedded.withColumn("features", array_to_vector(F.col("embedding")))
         kmeans = KMeans(
             k=k,
             seed=seed,
@@ -178,14 +178,10 @@ def semantic_duplicates(
         assigned = embedded.select("id", F.lit(0).alias("cluster"), "embedding")
     assigned = assigned.persist(StorageLevel.MEMORY_AND_DISK)
     clusters = assigned.select("id", "cluster").persist(StorageLevel.MEMORY_AND_DISK)
-    sizes = (
-        clusters.groupBy("cluster")
-        .count()
-        .agg(
-            F.max("count").alias("largest"),
-            F.sum(F.col("count") * (F.col("count") - 1) / 2).alias("pairs"),
-        )
-        .first()
+    sizes = aggregate(
+        clusters.groupBy("cluster").count(),
+        F.max("count").alias("largest"),
+        F.sum(F.col("count") * (F.col("count") - 1) / 2).alias("pairs"),
     )
     embedded.unpersist()
     counters["semantic_largest_cluster"] = int(sizes["largest"])

@@ -12,7 +12,7 @@ import gzip
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -273,8 +273,8 @@ def _warc_row(record, source: str, number: int, fmt: str, config: IngestConfig, 
             reason = f"unsupported_content_type: {content_type[:100]}"
             return _quarantined(source, number, fmt, reason, declared, **common)
         page = extract_page(payload, content_type, url)
-        if page.reason is not None:
-            return _quarantined(source, number, fmt, page.reason, declared, **common)
+        if page.reason is not None or page.text is None:  # no text always comes with a reason
+            return _quarantined(source, number, fmt, page.reason or "no_main_text", declared, **common)
         return _document(
             source,
             number,
@@ -559,8 +559,9 @@ def _batch_rows(
             }
             for row, raw in enumerate(raw_texts):
                 number += 1
-                nbytes = len(raw) if isinstance(raw, bytes) else None
+                nbytes: int | None = None
                 if isinstance(raw, bytes):
+                    nbytes = len(raw)
                     if nbytes > config.max_record_bytes:
                         reason = f"too_large: {nbytes} bytes > {config.max_record_bytes}"
                         yield _quarantined(source, number, fmt, reason, nbytes)
@@ -627,7 +628,8 @@ def _values(column: pa.Array) -> list[Any]:
         return values
 
 
-READERS = {
+# Each reader takes (source, format, size, config, part); a part's type is the reader's own.
+READERS: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
     "warc": read_warc,
     "wet": read_warc,
     "jsonl": read_jsonl,

@@ -61,13 +61,18 @@ def _local_path(path: str) -> str:
     return path[len("file://") :] if path.startswith("file://") else path
 
 
-def _listed(path: str, size: int, fmt: str, explicit: bool) -> SourceFile | None:
+def _listed(path: str, size: int, fmt: str) -> SourceFile | None:
+    """A file found in a folder: None when its format is unknown (_SUCCESS, README are not sources)."""
     chosen = format_of(path) if fmt == "auto" else fmt
-    if chosen is None:
-        if explicit:
-            raise ConfigError(f"ingest.sources: cannot tell the format of {path!r}; set ingest.format")
-        return None  # a folder's other files (_SUCCESS, README) are not sources
-    return SourceFile(path, chosen, size)
+    return SourceFile(path, chosen, size) if chosen is not None else None
+
+
+def _named(path: str, size: int, fmt: str) -> SourceFile:
+    """A file the user named: its format must be known."""
+    entry = _listed(path, size, fmt)
+    if entry is None:
+        raise ConfigError(f"ingest.sources: cannot tell the format of {path!r}; set ingest.format")
+    return entry
 
 
 def _hidden(name: str) -> bool:
@@ -161,11 +166,11 @@ def _list_local(
                     names_by_folder[child.parent] = {sibling.name for sibling in child.parent.iterdir()}
                 if _hf_metadata(child.name, names_by_folder[child.parent]):
                     continue
-                entry = _listed(str(child), child.stat().st_size, fmt, explicit=False)
+                entry = _listed(str(child), child.stat().st_size, fmt)
                 if entry is not None:
                     files.append(entry)
         elif path.is_file():
-            entry = _listed(str(path), path.stat().st_size, fmt, explicit=True)
+            entry = _named(str(path), path.stat().st_size, fmt)
             files.append(entry)
     return files
 
@@ -177,7 +182,7 @@ def _list_uri(uri: str, fmt: str) -> list[SourceFile]:
     scheme = uri.split("://", 1)[0]
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.File:
-        return [_listed(uri, info.size, fmt, explicit=True)]
+        return [_named(uri, info.size, fmt)]
     if info.type != pafs.FileType.Directory:
         return []
     children = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
@@ -192,7 +197,7 @@ def _list_uri(uri: str, fmt: str) -> list[SourceFile]:
             and not _hidden(child.base_name)
             and not _hf_metadata(child.base_name, siblings)
         ):
-            entry = _listed(f"{scheme}://{child.path}", child.size, fmt, explicit=False)
+            entry = _listed(f"{scheme}://{child.path}", child.size, fmt)
             if entry is not None:
                 files.append(entry)
     return sorted(files, key=lambda entry: entry.path)

@@ -28,8 +28,9 @@ def evaluate(gate: GateConfig, metrics: dict[str, Any]) -> dict[str, Any]:
     if gate.mode != "ignore":
         for name, field in GateConfig.model_fields.items():
             threshold = getattr(gate, name)
-            metric = (field.json_schema_extra or {}).get("metric")
-            if threshold is None or metric is None or metrics.get(metric) is None:
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            metric = extra.get("metric")
+            if threshold is None or not isinstance(metric, str) or metrics.get(metric) is None:
                 continue
             value = metrics[metric]
             if name.startswith("min_") and value < threshold:
@@ -47,4 +48,4 @@ def evaluate(gate: GateConfig, metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def blocks_training(gate: dict[str, Any] | None) -> bool:
-    return bool(gate) and gate.get("mode") == "fail" and not gate.get("passed", True)
+    return gate is not None and gate.get("mode") == "fail" and not gate.get("passed", True)

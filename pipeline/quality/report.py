@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pipeline.classify.plots import plot_scores
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
+from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
@@ -137,7 +137,7 @@ class Coverage:
 def coverage(docs: DataFrame) -> Coverage:
     from pyspark.sql import functions as F
 
-    totals = docs.agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters")).first()
+    totals = aggregate(docs, F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
     per_domain = (
         docs.groupBy("domain")
         .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
@@ -149,9 +149,9 @@ def coverage(docs: DataFrame) -> Coverage:
         if "lang" in docs.columns
         else {}
     )
-    length_quantiles = docs.agg(
-        F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q")
-    ).first()["q"]
+    length_quantiles = aggregate(
+        docs, F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q")
+    )["q"]
     return Coverage(
         documents=int(totals["documents"]),
         characters=int(totals["characters"] or 0),

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import yaml
@@ -303,7 +303,7 @@ def assign_documents(
     groups: dict[frozenset[str], list[int]] = {}
     for i, method in enumerate(chosen):
         if method != CHAR_NGRAM_TFIDF:
-            own = {language_code(doc_languages[i])} if doc_languages[i] else set()
+            own = {language_code(language)} if (language := doc_languages[i]) else set()
             groups.setdefault(frozenset(covered | own), []).append(i)
     prototype_vectors: dict[str, dict[str, np.ndarray]] = {}  # language -> subject -> unit rows
     for languages, indices in sorted(groups.items(), key=lambda item: sorted(item[0])):
@@ -340,7 +340,7 @@ def assign_documents(
     by_language: dict[str, list[int]] = {}
     for i, method in enumerate(chosen):
         if method == CHAR_NGRAM_TFIDF:
-            by_language.setdefault(language_code(doc_languages[i]), []).append(i)
+            by_language.setdefault(language_code(doc_languages[i] or ""), []).append(i)  # routed: known
     for language, indices in sorted(by_language.items()):
         found = assign_by_char_ngrams(
             [texts[i] for i in indices],
@@ -364,7 +364,7 @@ def language_warnings(
     how their subjects were found."""
     chosen = routes(doc_languages, encoder_languages, fallback_languages)
     counts = Counter(
-        (language_code(language), method)
+        (language_code(language or ""), method)  # not the encoder: a known language
         for language, method in zip(doc_languages, chosen, strict=True)
         if method != ENCODER
     )
@@ -405,7 +405,7 @@ def subject_coverage(
     def share(count: int) -> float:
         return count / total if total else 0.0
 
-    table = {
+    table: dict[str, dict[str, Any]] = {
         subject: {
             "documents": len(found),
             "share": share(len(found)),

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.core.config import Section
+from pipeline.core.config import Section, UnicodeForm
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 TOKENIZER_CHOICE = re.compile(rf"^(?:{_NAME}/)?{_NAME}$")
@@ -20,7 +19,7 @@ class TokenizerConfig(Section):
     eos_token: str = "<|endoftext|>"
     pad_token: str = "<|pad|>"
     reserved_tokens: int = Field(4, ge=0)
-    unicode_form: Literal["NFC", "NFKC"] = Field(
+    unicode_form: UnicodeForm = Field(
         "NFC",
         description="the tokenizer's normaliser, as clean.unicode_form (NFKC folds full-width punctuation)",
     )

@@ -58,7 +58,8 @@ def texts_from_arrow(column: pa.Array | pa.ChunkedArray) -> tuple[list[str | Non
         return column.to_pylist(), 0
     except UnicodeDecodeError:
         pass
-    texts, repaired = [], 0
+    texts: list[str | None] = []
+    repaired = 0
     for raw in column.cast(pa.binary()).to_pylist():
         if raw is None:
             texts.append(None)

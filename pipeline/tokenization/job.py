@@ -27,14 +27,14 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.progress import StepClock
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
@@ -118,7 +118,9 @@ def write_document_tables(folder: Path, shards, described: list[pa.RecordBatch],
     """One ``<shard>.docs.parquet`` per shard: its documents' DOCUMENT_COLUMNS in the shard's order."""
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_batches(described) if described else None
+    if not shards:
+        return
+    table = pa.Table.from_batches(described)
     start = 0
     for shard in shards:
         part = table.slice(start, shard.documents)
@@ -144,6 +146,7 @@ def encode_partition(
     configure_threads(threads)
     encoder = _cached_encoder(tokenizer_path, eos_token, chunk_chars)
     context = TaskContext.get()
+    assert context is not None  # a mapInArrow body runs inside a Spark task
     stem = f"shard-{context.partitionId():05d}"
     temp_suffix = f".tmp-{context.taskAttemptId()}"
     writers: dict[str, RollingShardWriter] = {}
@@ -158,7 +161,9 @@ def encode_partition(
                 texts, repaired = texts_from_arrow(text_column.slice(start, stop - start))
                 encoder.counters = counters.setdefault(split, EncodeCounters())
                 encoder.counters.repaired_unicode += repaired
-                tokens, lengths = encoder.encode(texts)
+                tokens, lengths = encoder.encode(
+                    cast(list[str], texts)
+                )  # only documents with text reach here
                 if split not in writers:
                     writers[split] = RollingShardWriter(
                         Path(output) / split, stem, encoder.dtype, max_tokens_per_shard, temp_suffix
@@ -261,13 +266,14 @@ def split_documents(
     )
     kept = _kept()
     first_threshold = int(settings.validation_fraction * BUCKETS)
-    summary = docs.agg(
+    summary = aggregate(
+        docs,
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(kept, 1).otherwise(0)).alias("documents"),
         F.sum(F.when(kept & (F.col("bucket") < first_threshold), 1).otherwise(0)).alias("under"),
         F.min(F.when(kept, F.col("bucket"))).alias("smallest"),
         F.sum(F.when(kept, F.length("text")).otherwise(0)).alias("chars"),
-    ).first()
+    )
     documents, empty = int(summary["documents"] or 0), int(summary["rows"] - (summary["documents"] or 0))
     threshold = validation_threshold(
         settings.validation_fraction, documents, int(summary["under"] or 0), summary["smallest"]
@@ -388,7 +394,7 @@ def encode_documents(
     of at least ``tokenize.num_shards`` tasks, each writing about ``max_tokens_per_shard`` tokens or fewer."""
     settings = config.tokenize
     partitions = max(settings.num_shards, math.ceil(estimated_tokens / settings.max_tokens_per_shard))
-    threads = settings.threads_per_task or int(spark.conf.get("spark.task.cpus", "1"))
+    threads = settings.threads_per_task or int(spark.conf.get("spark.task.cpus", "1") or 1)
     for split in SPLITS:
         (folder / split).mkdir()
     encode = functools.partial(

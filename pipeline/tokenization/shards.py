@@ -29,7 +29,7 @@ from pipeline.core.manifest import DamagedInputError
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 HEADER_BYTES = 34  # magic 9 + version 8 + dtype 1 + sequence count 8 + document count 8
-DTYPE_CODES = {
+DTYPE_CODES: dict[np.dtype, int] = {
     np.dtype(np.uint8): 1,
     np.dtype(np.int8): 2,
     np.dtype(np.int16): 3,

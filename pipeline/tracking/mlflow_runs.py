@@ -209,7 +209,9 @@ def find_or_create_parent(client, experiment_id: str, key: str, name: str, tags:
     if found:
         return found[0].info.run_id
     client.create_run(experiment_id, run_name=name, tags={**tags, TAG_PARENT_KEY: key})
-    return reconcile_parents(client, experiment_id, key)
+    parent = reconcile_parents(client, experiment_id, key)
+    assert parent is not None  # the run created above is one of them
+    return parent
 
 
 def reconcile_parents(client, experiment_id: str, key: str) -> str | None:
@@ -243,7 +245,9 @@ def dataset_name(manifest: Manifest) -> str:
 def manifest_dataset(manifest: Manifest, location: str | Path | None = None):
     """An `mlflow.data` dataset for a stage output: digest = the manifest's digest, source = its folder."""
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    # Defined when mlflow.data registers its artifact sources, so no type checker can see it.
+    from mlflow.data.sources import LocalArtifactDatasetSource  # type: ignore[attr-defined]
 
     profile = json.dumps(
         {

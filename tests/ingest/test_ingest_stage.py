@@ -43,6 +43,10 @@ def pipeline_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("ingest")
     sources = base / "sources"
     expected = write_all(sources)
+    # A link in the corpus folder to a file outside it: refused (ingest.follow_symlinks=false), and counted.
+    outside = base / "outside.jsonl"
+    outside.write_text(json.dumps({"text": "a document from outside the source folder", "doc_id": "outside-1"}))
+    (sources / "linked.jsonl").symlink_to(outside)
     root = base / "data"
     argv = ["ingest", "--snapshot", SNAPSHOT, "--source", str(sources / "*.gz"), "--source", str(sources)]
     for override in overrides(root):
@@ -93,10 +97,21 @@ def test_hostile_records_are_quarantined_with_reasons_and_the_counts_add_up(pipe
 def test_the_manifest_names_every_source_file_with_size_and_checksum(pipeline_run):
     _, sources, _, ref = pipeline_run
     listed = {entry["path"]: entry for entry in ref("ingest").manifest().extra["sources"]}
-    files = {path for path in sources.rglob("*") if path.is_file()}
+    files = {path for path in sources.rglob("*") if path.is_file() and not path.is_symlink()}
     assert set(listed) == {str(path) for path in files if path.name not in HF_DATASET_METADATA}
     for path, entry in listed.items():
         assert entry["sha256"] == sha256_file(path) and entry["bytes"] == Path(path).stat().st_size
+
+
+def test_a_link_out_of_the_source_folder_is_refused_counted_and_named(pipeline_run):
+    _, sources, _, ref = pipeline_run
+    manifest = ref("ingest").manifest()
+    assert manifest.counters["refused_symlinks"] == 1
+    assert manifest.extra["refused_symlinks"] == [
+        {"link": str(sources / "linked.jsonl"), "target": str((sources / "linked.jsonl").resolve())}
+    ]
+    ids = table(ref("ingest"), "documents").column("id").to_pylist()
+    assert "outside-1" not in ids and len(ids) == manifest.counters["documents"]
 
 
 def test_every_source_type_reaches_the_token_shards(pipeline_run):

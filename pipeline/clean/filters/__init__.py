@@ -101,7 +101,7 @@ class DocumentSignals:
         non_symbol = ~self.table.symbol[ids]
         lines = text.splitlines()
         stop_words = config.gopher_quality.stop_words
-        signals = {
+        signals: dict[str, dict[str, float | None] | None] = {
             gopher_repetition.NAME: gopher_repetition.signals(text, self.table.hash[ids], lengths),
             gopher_quality.NAME: gopher_quality.signals(
                 text,

@@ -166,7 +166,7 @@ def rules(config, languages: Sequence[str]) -> list[Rule]:
         *[(f"top_{n}_gram_char_frac", f"max_top_{n}_gram_char_frac") for n in TOP_NGRAMS],
         *[(f"dup_{n}_gram_char_frac", f"max_dup_{n}_gram_char_frac") for n in DUP_NGRAMS],
     ]
-    sections: dict[str | None, GopherRepetitionConfig] = {
+    sections: dict[str, GopherRepetitionConfig] = {
         lang: config.for_language(lang).gopher_repetition for lang in languages
     }
     built = []
