@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -172,6 +172,21 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
+
+
+def _file_settings(tree: Mapping[str, Any], model: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) for each setting of a config file: down through the sections, but a free-form
+    mapping (``spark.extra_conf``, whose keys are Spark's dotted names) is one value, set whole."""
+    fields = getattr(model, "model_fields", None)
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        field = fields.get(key) if fields is not None else None
+        annotation = field.annotation if field is not None else None
+        section = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if isinstance(value, Mapping) and value and (field is None or section is not None):
+            yield from _file_settings(value, section, dotted + ".")  # a section (or a misspelt one)
+        else:
+            yield dotted, value
 
 
 def unknown_key_message(part: str, known: Iterable[str]) -> str:
@@ -401,7 +416,7 @@ def load_tree(
     sources: dict[str, str] = {}  # dotted key -> where its value came from, for errors
     if path is not None:
         path = Path(path)
-        for dotted, value in flatten(_read_yaml_file(path)).items():
+        for dotted, value in _file_settings(_read_yaml_file(path), schema):
             _set_dotted(tree, schema, dotted, value, source=str(path))
             sources[dotted] = str(path)
     environ = os.environ if environ is None else environ

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,24 @@ def test_round_trip_through_yaml(tmp_path: Path):
     path = tmp_path / "resolved.yaml"
     path.write_text(config.to_yaml())
     assert load_config(path, environ={}).hash == config.hash
+
+
+def test_a_free_form_mapping_in_a_config_file_keeps_its_dotted_keys(tmp_path: Path):
+    """spark.extra_conf's keys are Spark's own dotted names: a config file sets them as written (they were
+    split at the dots into sections, so no file could set one), and the resolved config reloads."""
+    extra = {"spark.eventLog.enabled": "true", "spark.sql.ansi.enabled": "false"}
+    config = load_config(overrides=[f"spark.extra_conf={json.dumps(extra)}"], environ={})
+    path = tmp_path / "resolved.yaml"
+    path.write_text(config.to_yaml())
+    again = load_config(path, environ={})
+    assert again.spark.extra_conf == extra and again.hash == config.hash
+    path.write_text("spark:\n  master: local[1]\n  extra_conf:\n    spark.eventLog.enabled: 'true'\n")
+    written = load_config(path, overrides=["spark.shuffle_partitions=3"], environ={})
+    assert written.spark.extra_conf == {"spark.eventLog.enabled": "true"}
+    assert (written.spark.master, written.spark.shuffle_partitions) == ("local[1]", 3)
+    path.write_text("spark:\n  extra_cnf:\n    spark.x: 'y'\n")
+    with pytest.raises(ConfigError, match=r"spark\.extra_cnf.*did you mean 'extra_conf'"):
+        load_config(path, environ={})
 
 
 @given(st.integers(min_value=1, max_value=10**9), st.floats(min_value=1e-9, max_value=10, allow_nan=False))
