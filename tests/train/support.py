@@ -77,13 +77,23 @@ def generated_documents(count: int, seed: int) -> list[str]:
 
 
 def write_token_corpus(
-    config: PipelineConfig, snapshot: str, documents: int = 400, seed: int = 7
+    config: PipelineConfig,
+    snapshot: str,
+    documents: int = 400,
+    seed: int = 7,
+    corpus: str | None = None,
+    tokenizer_seed: int | None = None,
 ) -> DatasetRef:
-    """A published tokenize output (train + validation shards, tokenizer.json, manifest) for ``snapshot``."""
+    """A published tokenize output (train + validation shards, tokenizer.json, manifest) for ``snapshot`` of
+    ``corpus`` (default project.corpus). Its BPE is trained on its own texts, or with ``tokenizer_seed`` on
+    the texts of that seed, so outputs given one tokenizer_seed share one tokenizer (a mixture's)."""
     texts = generated_documents(documents, seed)
     tokenizer_config = TokenizerConfig(vocab_size=320, min_frequency=1)
-    tokenizer = train_tokenizer(texts, tokenizer_config)
+    tokenizer_texts = texts if tokenizer_seed is None else generated_documents(400, tokenizer_seed)
+    tokenizer = train_tokenizer(tokenizer_texts, tokenizer_config)
     eos_id = tokenizer.token_to_id(tokenizer_config.eos_token)
+    if corpus is not None:
+        config = config.model_copy(update={"project": config.project.model_copy(update={"corpus": corpus})})
     ref = DatasetRef.of(config, "tokenize", snapshot)
     validation = len(texts) // 10
     with StageOutput(ref, config, []) as out:
@@ -103,6 +113,9 @@ def write_token_corpus(
                         writer.add_document(document)
         out.commit(
             rows={"train_documents": len(texts) - validation, "validation_documents": validation},
+            counters={
+                "tokens": {split: sum(map(len, sum(shards, []))) for split, shards in splits.items()}
+            },
             extra={
                 "vocab_size": tokenizer.get_vocab_size(),
                 "eos_id": eos_id,
