@@ -114,7 +114,10 @@ def write_token_corpus(
         out.commit(
             rows={"train_documents": len(texts) - validation, "validation_documents": validation},
             counters={
-                "tokens": {split: sum(map(len, sum(shards, []))) for split, shards in splits.items()}
+                "tokens": {
+                    split: sum(len(document) for shard in shards for document in shard)
+                    for split, shards in splits.items()
+                }
             },
             extra={
                 "vocab_size": tokenizer.get_vocab_size(),

@@ -59,7 +59,10 @@ def test_a_mixture_logs_loss_epochs_and_validation_per_source(uninterrupted):
     samples = manifest.extra["source_samples"]
     assert samples == {"web": 54, "books": 18}
     assert manifest.extra["source_epochs"]["books"] > manifest.extra["source_epochs"]["web"]
-    assert manifest.extra["val_loss_by_source"] == {"web": last["val_loss.web"], "books": last["val_loss.books"]}
+    assert manifest.extra["val_loss_by_source"] == {
+        "web": last["val_loss.web"],
+        "books": last["val_loss.books"],
+    }
 
 
 def test_the_run_records_every_input_and_the_tokenizer(uninterrupted):
@@ -94,7 +97,9 @@ def test_a_stopped_mixture_run_resumes_exactly(uninterrupted, tmp_path, monkeypa
     manifest = train(single_process(config, tmp_path), SNAPSHOT)
 
     assert losses(config, SNAPSHOT) == losses(reference, SNAPSHOT)
-    assert [row.get("loss.books") for row in rows(config)] == [row.get("loss.books") for row in rows(reference)]
+    assert [row.get("loss.books") for row in rows(config)] == [
+        row.get("loss.books") for row in rows(reference)
+    ]
     assert manifest.extra["source_epochs"] == reference_manifest.extra["source_epochs"]
     assert manifest.extra["val_loss"] == reference_manifest.extra["val_loss"]
 
