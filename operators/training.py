@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from annotated_types import Ge, Gt
 
@@ -155,16 +155,17 @@ MIXTURE_EXAMPLE: list[dict[str, Any]] = [
 
 
 def mixture_param() -> dict[str, Any]:
-    """The mixture field's JSON schema: a list of ``MixtureSource`` (pipeline.data.config), from its pydantic
-    declaration, so the form accepts what ``data.mixture`` accepts; the snapshot grammar and the sources'
-    existence are checked when the run's config is resolved (``resolve_training_run``)."""
-    from pipeline.data.config import MixtureSource
-
+    """The mixture field's JSON schema: a list of the sources ``data.mixture`` declares (``MixtureSource``), from
+    their pydantic declaration, so the form accepts what ``data.mixture`` accepts; the snapshot grammar and the
+    sources' existence are checked when the run's config is resolved (``resolve_training_run``)."""
+    declared = config_key("data.mixture").annotation  # list[MixtureSource] | None
+    (sources,) = [arg for arg in get_args(declared) if arg is not type(None)]
+    (source,) = get_args(sources)
     return {
         "default": None,
         "type": ["null", "array"],
         "minItems": 1,
-        "items": MixtureSource.model_json_schema(),
+        "items": source.model_json_schema(),
         "examples": [MIXTURE_EXAMPLE],
     }
 
@@ -257,12 +258,12 @@ def resolve_training_run(
         config = config.with_run(training_run_id(dag_run_id))
     snapshot = params.get("snapshot") or event_extra.get("snapshot")
     if config.data.mixture:
-        from pipeline.data.mixture import resolve_mixture
         from pipeline.entrypoint import default_snapshot
+        from pipeline.train.launch import training_inputs
 
         # With a mixture the snapshot only names the run's folder: the event's, or today's date.
         snapshot = snapshot or default_snapshot()
-        resolve_mixture(config, snapshot=snapshot)  # a MixtureError names the source, before training
+        training_inputs(config, snapshot, training_input().name)  # a MixtureError names the source
     else:
         snapshot = snapshot or latest_snapshot(config, training_input().name)
     folder = run_folder(config)
