@@ -1,4 +1,5 @@
-"""`python -m pipeline.train` / `pretrain train`: train the model on a snapshot's token shards.
+"""`python -m pipeline.train` / `pretrain train`: train the model on a snapshot's token shards, or on the
+weighted mixture of corpora and snapshots ``data.mixture`` declares (then --snapshot names the run's folder).
 
 Run directly, it launches torchrun with train.nproc_per_node processes per node (train.nnodes nodes,
 train.max_restarts restarts after a failure), so `pretrain train --snapshot demo` is all a user types.
