@@ -388,7 +388,11 @@ class Trainer(Stateful):
         """One optimizer step: forward and backward of ``grad_accum`` micro-batches over the parallelism, then
         clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.last_step = self.parallelism.forward_backward(self.next_batches())
+        batches = self.next_batches()
+        if not self.logs_figures(self.step + 1):
+            # A mixture's rows name their sources for the per-source loss; only steps that log it pay for it.
+            batches = [Batch(*batch) for batch in batches]
+        self.last_step = self.parallelism.forward_backward(batches)
         self._grad_norm = self.parallelism.clip_and_step(self.optimizer, self.train_config.grad_clip)
         self.scheduler.step()
         self.step += 1
@@ -399,6 +403,10 @@ class Trainer(Stateful):
             self.tensorboard.histograms(self.parallelism.named_parameters(), self.step)
 
     # --- figures ----------------------------------------------------------------------------------------
+
+    def logs_figures(self, step: int) -> bool:
+        """Whether the training figures of ``step`` are logged: every ``log_every`` steps and the last."""
+        return step % self.train_config.log_every == 0 or step == self.train_config.steps
 
     def _train_metrics(self) -> dict[str, float]:
         loss = self.parallelism.reported_loss(self.last_step)
@@ -514,7 +522,7 @@ class Trainer(Stateful):
                     stopping = ctx.any_rank(stop.received)
                     last = self.step == train.steps
                     figures: dict[str, float] = {}
-                    if self.step % train.log_every == 0 or last:
+                    if self.logs_figures(self.step):
                         figures.update(self._train_metrics())
                         progress.set_postfix(loss=f"{figures['loss']:.4f}", refresh=False)
                     if (train.eval_every and self.step % train.eval_every == 0) or last:

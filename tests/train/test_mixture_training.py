@@ -118,3 +118,11 @@ def test_a_mixture_of_two_tokenizers_is_refused_before_training(tmp_path):
         train(config, SNAPSHOT)
     assert "books/b1" in str(refused.value)
     assert not DatasetRef.of(config, "train", SNAPSHOT).snapshot_path.exists()
+
+
+def test_per_source_losses_come_with_the_logged_steps_only(tmp_path):
+    config = single_process(train_config(tmp_path / "data", *SETTINGS, "train.log_every=4"), tmp_path)
+    write_mixture_corpora(config)
+    train(config, SNAPSHOT)
+    logged = [(row["step"], "loss.web" in row, "loss.books" in row) for row in rows(config) if "loss" in row]
+    assert logged == [(4, True, True), (8, True, True), (9, True, True)]
