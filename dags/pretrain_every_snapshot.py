@@ -12,8 +12,8 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
-from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf
-from operators.tasks import stage_tasks, training_stages
+from operators.defaults import DEFAULT_ARGS, check_run_conf
+from operators.tasks import training_tasks
 from operators.training import form_params, resolve_training_run
 
 CORPUS_PARAM = {
@@ -54,14 +54,7 @@ def pretrain_every_snapshot():
             every_snapshot=True,
         )
 
-    run = training_run()
-    stage_tasks(
-        training_stages(),
-        snapshot=run["snapshot"],
-        config_path=run["config_path"],
-        overrides=[],
-        torchrun={"launcher": "{{ params.launcher }}", "execution_timeout": TRAINING_TIMEOUT},
-    )
+    training_tasks(training_run())
 
 
 pretrain_every_snapshot()
