@@ -13,8 +13,8 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
-from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf
-from operators.tasks import stage_tasks, training_stages
+from operators.defaults import DEFAULT_ARGS, check_run_conf
+from operators.tasks import training_tasks
 from operators.training import form_params, resolve_training_run
 
 
@@ -40,14 +40,7 @@ def pretrain():
             params, latest_token_shards_extra(triggering_asset_events), dag_run_id=context["run_id"]
         )
 
-    run = training_run()
-    stage_tasks(
-        training_stages(),
-        snapshot=run["snapshot"],
-        config_path=run["config_path"],
-        overrides=[],
-        torchrun={"launcher": "{{ params.launcher }}", "execution_timeout": TRAINING_TIMEOUT},
-    )
+    training_tasks(training_run())
 
 
 pretrain()

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from operators.defaults import TRAINING_TIMEOUT
 from operators.spark import PipelineSparkSubmitOperator
 from operators.stage import PipelineStageOperator
 from operators.train_operator import TrainOperator
@@ -40,6 +41,18 @@ def source_readers(stages: Iterable[Stage]) -> list[str]:
 
 def training_stages() -> list[Stage]:
     return group("training")
+
+
+def training_tasks(run: Any) -> dict[str, BaseOperator]:
+    """The training stages of a `pretrain` DAG on what its ``training_run`` task resolved (``run``: its XCom,
+    ``{snapshot, config_path}``), launched as the form's ``launcher`` says."""
+    return stage_tasks(
+        training_stages(),
+        snapshot=run["snapshot"],
+        config_path=run["config_path"],
+        overrides=[],
+        torchrun={"launcher": "{{ params.launcher }}", "execution_timeout": TRAINING_TIMEOUT},
+    )
 
 
 def stage_task(stage: Stage, *, input_stage: str | None = None, **kwargs: Any) -> BaseOperator:

@@ -12,7 +12,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
-from pipeline.train.launch import name_run, train
+from pipeline.train.launch import name_run, train, training_inputs
 
 ON_FINISH = ("delete", "delete_succeeded", "keep")
 SETTINGS_VARIABLE = "pretrain_kubernetes"
@@ -88,18 +88,17 @@ class TrainOperator(PipelineOperator):
     def execute(self, context) -> str:
         launcher = self._checked_launcher()
         config = self._config()
-        tokens = DatasetRef.of(config, self.input_stage, self.task_snapshot)
         if launcher == "local":
-            return self._run_local(config, tokens)
+            return self._run_local(config, training_inputs(config, self.task_snapshot, self.input_stage))
         return self._start_kubernetes(config, context)
 
     # --- local ----------------------------------------------------------------------------------------
 
-    def _run_local(self, config: PipelineConfig, tokens: DatasetRef) -> str:
+    def _run_local(self, config: PipelineConfig, inputs: list[DatasetRef]) -> str:
         """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
         manifest = train(
             config.with_run(name_run(config, self.task_snapshot)),
-            tokens,
+            inputs,
             self.task_snapshot,
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,

@@ -10,11 +10,12 @@ this run trained with. XCom carries only its path and the snapshot name.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from annotated_types import Ge, Gt
 
@@ -91,6 +92,16 @@ TRAINING_FORM: tuple[FormField, ...] = (
         "Experiment to record the run in (default pretrain-<corpus>-<preset>).",
     ),
     FormField(
+        "mixture",
+        "Mixture",
+        "Data and config",
+        description="Train on a weighted mixture of corpora and snapshots (JSON: a list of {corpus, snapshots, "
+        "weight, name}; snapshots: 'all', names, 'last:N', 'FROM..TO' or a glob), for example "
+        + json.dumps([{"corpus": "web", "snapshots": "all", "weight": 3}, {"corpus": "books", "weight": 1}])
+        + ". Empty trains on the one snapshot below. Snapshot then only names the run's folder.",
+        param={},  # mixture_param(): the schema of data.mixture's sources
+    ),
+    FormField(
         "snapshot",
         "Snapshot",
         "Data and config",
@@ -135,13 +146,37 @@ def key_schema(key: str) -> dict[str, Any]:
     return schema
 
 
+# What the mixture field shows before anyone edits it: a two-corpus example (shown, not submitted: the field
+# starts empty, so an asset-triggered run, which takes the defaults, trains on its event's snapshot).
+MIXTURE_EXAMPLE: list[dict[str, Any]] = [
+    {"corpus": "web", "snapshots": "all", "weight": 3},
+    {"corpus": "books", "snapshots": "last:2", "weight": 1},
+]
+
+
+def mixture_param() -> dict[str, Any]:
+    """The mixture field's JSON schema: a list of the sources ``data.mixture`` declares (``MixtureSource``), from
+    their pydantic declaration, so the form accepts what ``data.mixture`` accepts; the snapshot grammar and the
+    sources' existence are checked when the run's config is resolved (``resolve_training_run``)."""
+    declared = config_key("data.mixture").annotation  # list[MixtureSource] | None
+    (sources,) = [arg for arg in get_args(declared) if arg is not type(None)]
+    (source,) = get_args(sources)
+    return {
+        "default": None,
+        "type": ["null", "array"],
+        "minItems": 1,
+        "items": source.model_json_schema(),
+        "examples": [MIXTURE_EXAMPLE],
+    }
+
+
 def form_params() -> dict[str, dict[str, Any]]:
     """Each form field's Param arguments (``Param(**arguments)``), in form order."""
     params = {}
     for entry in TRAINING_FORM:
         if entry.key is None:
             params[entry.name] = {
-                **entry.param,
+                **(mixture_param() if entry.name == "mixture" else entry.param),
                 "title": entry.title,
                 "description": entry.description,
                 "section": entry.section,
@@ -189,13 +224,17 @@ def training_run_id(dag_run_id: str) -> str:
 
 
 def resolve_training_run(
-    params: Mapping[str, Any], event_extra: Mapping[str, Any], dag_run_id: str | None = None
+    params: Mapping[str, Any],
+    event_extra: Mapping[str, Any],
+    dag_run_id: str | None = None,
+    every_snapshot: bool = False,
 ) -> dict[str, str]:
     """Validate the run's config and write it to the run folder; returns {"snapshot", "config_path"}.
 
     Precedence, lowest first: the config the corpus was built with (from the asset event), the form's
     config file and overrides, then the form's typed fields. A bad value fails here, naming the key,
-    before any training starts. Unless the settings name one, the training run (``train.run_id``) is
+    before any training starts; so does a mixture (the form's, or with ``every_snapshot`` every complete
+    snapshot of the form's corpus, else the event's) that cannot be read. Unless the settings name one, the training run (``train.run_id``) is
     named after the DAG run: each DAG run trains and reports its own run, so a sweep (one DAG run per
     setting) keeps every run, and a retried train task resumes its own.
     """
@@ -205,17 +244,28 @@ def resolve_training_run(
         *(params.get("overrides") or []),
         *param_overrides(params),
     ]
+    if params.get("mixture"):
+        overrides.append(f"data.mixture={json.dumps(list(params['mixture']))}")
     try:
         config = load_config(config_path, overrides)
+        if every_snapshot and not config.data.mixture:
+            # The scheduled variant: everything the corpus has, however many snapshots that is now.
+            everything = [{"corpus": params.get("corpus") or config.project.corpus, "snapshots": "all"}]
+            config = load_config(config_path, [*overrides, f"data.mixture={json.dumps(everything)}"])
     except ConfigError as exc:
         raise ConfigError(f"the pretrain run's settings are invalid: {exc}") from None
     if dag_run_id and config.train.run_id is None:
         config = config.with_run(training_run_id(dag_run_id))
-    snapshot = (
-        params.get("snapshot")
-        or event_extra.get("snapshot")
-        or latest_snapshot(config, training_input().name)
-    )
+    snapshot = params.get("snapshot") or event_extra.get("snapshot")
+    if config.data.mixture:
+        from pipeline.entrypoint import default_snapshot
+        from pipeline.train.launch import training_inputs
+
+        # With a mixture the snapshot only names the run's folder: the event's, or today's date.
+        snapshot = snapshot or default_snapshot()
+        training_inputs(config, snapshot, training_input().name)  # a MixtureError names the source
+    else:
+        snapshot = snapshot or latest_snapshot(config, training_input().name)
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
     path = Path(folder) / CONFIG_FILE

@@ -106,6 +106,7 @@ def stage_main(
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
     as_overrides: Callable[[argparse.Namespace], list[str]] | None = None,
     name_run: Callable[[PipelineConfig, str, list[DatasetRef]], str | None] = input_run,
+    resolve_inputs: Callable[[PipelineConfig, str, str], list[DatasetRef]] | None = None,
 ) -> int:
     """The shared body of every `python -m pipeline.<package>` entrypoint.
 
@@ -114,7 +115,8 @@ def stage_main(
     (``pipeline.tracking.mlflow_runs``) and prints the published output folder. A stage's own options
     (``add_arguments``) are shorthands for config keys (``as_overrides``), under any explicit ``--set``.
     A stage that keeps one output per run writes the run ``name_run(config, snapshot, inputs)`` says,
-    which the config then names.
+    which the config then names. ``resolve_inputs(config, snapshot, input_stage)``, when given, says
+    what the stage reads instead (training: every snapshot of a declared mixture).
     """
     parser = stage_parser(f"pretrain {stage}", description)
     add_input_stage_argument(parser, stage)
@@ -128,8 +130,8 @@ def stage_main(
     reads = registered_stage(stage).reads
     input_stages = [args.input_stage, *reads[1:]] if reads else []
     # A missing input fails here, in a second, before Spark, torchrun or an MLflow run start.
-    inputs: list[DatasetRef] = []
-    for name in input_stages:
+    inputs: list[DatasetRef] = resolve_inputs(config, snapshot, input_stages[0]) if resolve_inputs else []
+    for name in input_stages[1:] if resolve_inputs else input_stages:
         # The per-run outputs a stage reads are those of one training run: the run of its first input.
         same_run = inputs[0].run if inputs and config.keeps_runs(name) else None
         inputs.append(DatasetRef.of(config, name, snapshot, same_run).require())

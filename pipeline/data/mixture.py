@@ -52,7 +52,7 @@ class ResolvedSource:
 
     @property
     def train_tokens(self) -> int:
-        return sum(int(manifest.counters["tokens"][TRAIN_SPLIT]) for manifest in self.manifests)
+        return sum(recorded_train_tokens(manifest) or 0 for manifest in self.manifests)
 
     def folders(self, split: str = TRAIN_SPLIT) -> list[Path]:
         return [ref.path / split for ref in self.refs]
@@ -89,11 +89,19 @@ class Mixture:
                 "path": str(ref.path),
                 "digest": manifest.digest,
                 "tokenizer_digest": self.tokenizer_digest,
-                "train_tokens": int(manifest.counters["tokens"][TRAIN_SPLIT]),
+                "train_tokens": recorded_train_tokens(manifest),
             }
             for source in self.sources
             for ref, manifest in zip(source.refs, source.manifests, strict=True)
         ]
+
+
+def recorded_train_tokens(manifest: Manifest) -> int | None:
+    """The training tokens a tokenize manifest counted; None for an output written without the count."""
+    tokens = manifest.counters.get("tokens")
+    if not isinstance(tokens, dict) or TRAIN_SPLIT not in tokens:
+        return None
+    return int(tokens[TRAIN_SPLIT])
 
 
 def _corpora(root: str) -> list[str]:
@@ -139,7 +147,7 @@ def _resolve_source(
         log.warning("%s: leaving out incomplete %s outputs %s", where, stage, skipped)
     manifests = [refs[name].manifest() for name in chosen]
     for name, manifest in zip(chosen, manifests, strict=True):
-        if int(manifest.counters.get("tokens", {}).get(TRAIN_SPLIT, 0)) <= 0:
+        if recorded_train_tokens(manifest) == 0:
             raise MixtureError(f"{where}: {source.corpus} snapshot {name} has no {TRAIN_SPLIT} tokens")
     return [refs[name] for name in chosen], manifests
 

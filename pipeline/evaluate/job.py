@@ -190,6 +190,41 @@ def harness(trained, stream, export_folder: Path, folder: Path, settings) -> dic
     return found
 
 
+def source_losses(model, trained: TrainedRun, documents: int, batch_size: int) -> dict[str, dict[str, Any]]:
+    """A training mixture's held-out loss per source (the first ``documents`` validation documents of its
+    snapshots, in name order) and the mixture's (``mixture``: the sources' losses weighted as training drew
+    them); empty for a run on one snapshot."""
+    if not trained.manifest.extra.get("mixture"):
+        return {}
+    folders: dict[str, list[Path]] = defaultdict(list)
+    weights: dict[str, float] = {}
+    for entry in trained.inputs():
+        folders[entry["source"]].append(Path(entry["path"]) / DESCRIBED_SPLIT)
+        weights[entry["source"]] = float(entry["weight"])
+    found: dict[str, dict[str, Any]] = {}
+    for name, source_folders in folders.items():
+        present = [folder for folder in source_folders if folder.is_dir()]
+        if not present:
+            log.warning("mixture source %s has no validation split: no held-out loss for it", name)
+            continue
+        stream = TokenStream(present)
+        count = min(documents, stream.num_documents)
+        loss_sums, counts = document_losses(model, stream, count, batch_size)
+        found[name] = summary(float(loss_sums.sum()), int(counts.sum()), count)
+        log.info("held-out loss of source %s: %s over %d documents", name, found[name]["loss"], count)
+    scored = {name: group for name, group in found.items() if group["loss"] is not None}
+    if scored:
+        total = sum(weights[name] for name in scored)
+        loss = sum(weights[name] * group["loss"] for name, group in scored.items()) / total
+        found["mixture"] = {
+            "loss": loss,
+            "perplexity": math.exp(loss) if loss < 700 else math.inf,
+            "tokens": sum(group["tokens"] for group in scored.values()),
+            "documents": sum(group["documents"] for group in scored.values()),
+        }
+    return found
+
+
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     train_ref, export_ref = inputs
     export_ref.verify()  # the weights lm-evaluation-harness loads are the ones export wrote
@@ -198,7 +233,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     model = trained.model()
     folder = Path(trained.tokenize.path) / DESCRIBED_SPLIT
     with StageOutput(output, config, inputs) as out:
-        metrics: dict[str, Any] = {"overall": None, "by_language": {}, "by_host": {}}
+        metrics: dict[str, Any] = {"overall": None, "by_language": {}, "by_host": {}, "by_source": {}}
         try:
             stream = TokenStream(folder)
         except FileNotFoundError:
@@ -216,10 +251,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 metrics["by_host"] = grouped(
                     loss_sums, counts, [x["host"] for x in labels], settings.top_hosts
                 )
+        metrics["by_source"] = source_losses(model, trained, settings.max_documents, settings.batch_size)
         (out.path / "plots").mkdir()
         for key, title in (
             ("by_language", "held-out loss by language"),
             ("by_host", "held-out loss by host"),
+            ("by_source", "held-out loss by mixture source"),
         ):
             if metrics[key]:
                 plot_groups(metrics[key], title, out.path / "plots" / f"loss_{key}.png")
@@ -254,6 +291,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "perplexity": overall.get("perplexity"),
                 "languages": len(metrics["by_language"]),
                 "hosts": len(metrics["by_host"]),
+                "loss_by_source": {name: group["loss"] for name, group in metrics["by_source"].items()}
+                or None,
                 "lm_eval_acc": (metrics["lm_eval"] or {}).get("acc"),
             },
         )

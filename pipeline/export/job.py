@@ -90,6 +90,17 @@ def model_card(trained: TrainedRun, name: str, dtype: str, difference: float) ->
     lineage = trained.lineage()
     config = trained.model_config
     digests = "\n".join(f"| {stage} | `{digest}` |" for stage, digest in lineage["dataset_digests"].items())
+    inputs = "\n".join(
+        f"| {entry.get('source', '-')} | {float(entry.get('weight', 1.0)):.4g} | {entry['corpus']} | "
+        f"{entry['snapshot']} | `{entry['digest']}` |"
+        for entry in lineage["inputs"]
+    )
+    corpora = sorted({entry["corpus"] for entry in lineage["inputs"]})
+    trained_on = (
+        f"the `{lineage['corpus']}` corpus, snapshot `{lineage['snapshot']}`"
+        if len(lineage["inputs"]) <= 1
+        else f"a mixture of {len(lineage['inputs'])} snapshots of the corpora {', '.join(corpora)} (below)"
+    )
     facts = {
         "architecture": name,
         "parameters": trained.manifest.extra.get("parameters"),
@@ -103,6 +114,7 @@ def model_card(trained: TrainedRun, name: str, dtype: str, difference: float) ->
         "tokens seen": lineage["tokens_seen"],
         "final training loss": lineage["final_loss"],
         "final validation loss": lineage["val_loss"],
+        "tokenizer digest": lineage["tokenizer_digest"],
         "MLflow training run": lineage["mlflow_run_id"],
         "code version": lineage["code_version"],
         "config hash": lineage["config_hash"],
@@ -116,9 +128,8 @@ tags: [pretrain-pipeline]
 
 # {lineage["corpus"]} / {lineage["snapshot"]} / {lineage["train_run"]}
 
-A decoder-only language model pretrained by pretrain-pipeline on the `{lineage["corpus"]}` corpus, snapshot
-`{lineage["snapshot"]}`, training run `{lineage["train_run"]}`. A base model: no chat template, no instruction
-tuning.
+A decoder-only language model pretrained by pretrain-pipeline on {trained_on}, training run
+`{lineage["train_run"]}`. A base model: no chat template, no instruction tuning.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,6 +145,15 @@ print(tokenizer.decode(ids[0], skip_special_tokens=True))
 
 On export the logits of this folder, loaded by transformers, were compared with the training code's model on
 random tokens: max |difference| {difference:.2e}.
+
+## Training data
+
+The token shards the training read ({len(lineage["inputs"])} input(s)), drawn by the source weights (shares of
+the training tokens); every input was tokenized with the tokenizer of digest `{lineage["tokenizer_digest"] or "-"}`:
+
+| source | weight | corpus | snapshot | manifest digest |
+| --- | --- | --- | --- | --- |
+{inputs}
 
 ## Data lineage
 

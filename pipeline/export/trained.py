@@ -101,4 +101,17 @@ class TrainedRun:
             "mlflow_run_id": self.manifest.extra.get("mlflow_run_id"),
             "code_version": self.manifest.code_version,
             "config_hash": self.manifest.config_hash,
+            "tokenizer_digest": self.manifest.extra.get("tokenizer_digest"),
+            "inputs": self.inputs(),
         }
+
+    def inputs(self) -> list[dict[str, Any]]:
+        """Every token-shard output the run read (source, weight, corpus, snapshot, manifest digest), as the
+        trainer recorded them; for a run from before that record, its manifest's input references."""
+        recorded = self.manifest.extra.get("inputs")
+        if recorded:
+            return [dict(entry) for entry in recorded]
+        return [
+            {"source": self.ref.corpus, "weight": 1.0, "corpus": self.ref.corpus, **ref}
+            for ref in self.manifest.inputs
+        ]

@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
@@ -61,6 +61,20 @@ class MlflowMetrics:
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log_metrics(metrics, step)
+
+    def record_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """What the run trained on: tags (the tokenizer digest, the inputs as corpus/snapshot@digest) and
+        the whole record as the artifact ``lineage/inputs.json``."""
+        inputs = lineage.get("inputs") or []
+        listed = ",".join(f"{i['corpus']}/{i['snapshot']}@{i['digest'][:12]}" for i in inputs)
+        self.run.set_tags(
+            {
+                "pretrain.tokenizer_digest": lineage.get("tokenizer_digest") or "",
+                "pretrain.inputs": listed[:5000],  # MLflow's tag values stop at 8000 characters
+                "pretrain.input_count": len(inputs),
+            }
+        )
+        self.run.log_text(json.dumps(lineage, indent=2, sort_keys=True) + "\n", "lineage/inputs.json")
 
     def close(self, status: str = "FINISHED") -> None:
         if self.owns_run:
@@ -133,6 +147,17 @@ class MetricsLogger:
     def mlflow_run_id(self) -> str | None:
         """For the train manifest's ``extra["mlflow_run_id"]``, so the report finds the run."""
         return next((sink.run_id for sink in self.sinks if isinstance(sink, MlflowMetrics)), None)
+
+    def record_lineage(self, lineage: Mapping[str, Any]) -> None:
+        """The run's inputs into the sinks that keep them (MLflow), under the sinks' failure policy."""
+        for sink in list(self.sinks):
+            if isinstance(sink, MlflowMetrics):
+                try:
+                    sink.record_lineage(lineage)
+                except Exception as exc:
+                    if self.required:
+                        raise
+                    log.error("recording the inputs in MLflow failed: %s", exc, exc_info=exc)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for sink in list(self.sinks):

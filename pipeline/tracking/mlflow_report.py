@@ -273,6 +273,8 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
         }
     for language, group in metrics.get("by_language", {}).items():
         values[f"eval_loss.{language}"] = group["loss"]
+    for name, group in (metrics.get("by_source") or {}).items():
+        values[f"eval_loss.source.{name}"] = group["loss"]
     tracked.log_metrics(values, step=step)
     tracked.flush()
     for name in ("metrics.json", "generations.json"):
@@ -284,8 +286,13 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
 
 def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:
     """Every manifest of the chain (train first) and the tokenizer, as artifacts of the run."""
+    stages = [manifest.stage for manifest in manifests]
     for manifest in manifests:
-        tracked.log_artifact(Path(manifest.path) / MANIFEST_NAME, f"manifests/{manifest.stage}")
+        # A mixture reads a stage's output of several snapshots: each under its corpus and snapshot.
+        folder = f"manifests/{manifest.stage}"
+        if stages.count(manifest.stage) > 1:
+            folder += f"/{manifest.corpus}/{manifest.snapshot}"
+        tracked.log_artifact(Path(manifest.path) / MANIFEST_NAME, folder)
     if tokenizer_file is not None and tokenizer_file.is_file():
         tracked.log_artifact(tokenizer_file, "tokenizer")
 
@@ -302,10 +309,27 @@ def register(
     name = registered_model_name(config)
     if not name:
         return None
+    inputs = train_manifest.extra.get("inputs") or []
+    listed = [f"{entry['corpus']}/{entry['snapshot']}" for entry in inputs]
+    description = (
+        "Trained on "
+        + (
+            "; ".join(
+                f"{entry['corpus']}/{entry['snapshot']} (source {entry['source']}, weight {entry['weight']:.4g}, "
+                f"manifest {entry['digest']})"
+                for entry in inputs
+            )
+            or f"{train_ref.corpus}/{train_ref.snapshot}"
+        )
+        + f"; tokenizer {train_manifest.extra.get('tokenizer_digest') or '-'}."
+    )
     return tracked.register_model(
         name,
         MODEL_ARTIFACT,
+        description=description,
         tags={
+            "inputs": ",".join(listed)[:5000],
+            "tokenizer_digest": train_manifest.extra.get("tokenizer_digest") or "",
             "snapshot": train_ref.snapshot,
             "train_run": train_ref.run or "",
             "corpus": train_ref.corpus,

@@ -493,7 +493,13 @@ class TrackedRun:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
-    def register_model(self, name: str, artifact_path: str = "model", tags: Mapping[str, Any] | None = None):
+    def register_model(
+        self,
+        name: str,
+        artifact_path: str = "model",
+        tags: Mapping[str, Any] | None = None,
+        description: str | None = None,
+    ):
         """Register ``runs:/<run>/<artifact_path>`` as a new version of ``name``; reuses this run's version."""
         from mlflow.exceptions import MlflowException
 
@@ -511,6 +517,7 @@ class TrackedRun:
             source,
             run_id=self.run_id,
             tags={key: str(value) for key, value in (tags or {}).items()},
+            description=description,
             await_creation_for=0,
         )
 

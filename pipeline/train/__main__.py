@@ -1,4 +1,5 @@
-"""`python -m pipeline.train` / `pretrain train`: train the model on a snapshot's token shards.
+"""`python -m pipeline.train` / `pretrain train`: train the model on a snapshot's token shards, or on the
+weighted mixture of corpora and snapshots ``data.mixture`` declares (then --snapshot names the run's folder).
 
 Run directly, it launches torchrun with train.nproc_per_node processes per node (train.nnodes nodes,
 train.max_restarts restarts after a failure), so `pretrain train --snapshot demo` is all a user types.
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     is_worker = "RANK" in os.environ or "LOCAL_RANK" in os.environ or config.distributed.rank is not None
     if not is_worker:
         from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
-        from pipeline.train.launch import name_run, run
+        from pipeline.train.launch import name_run, run, training_inputs
 
         try:
             return stage_main(
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 run=run,
                 component="train-launcher",
                 name_run=name_run,
+                resolve_inputs=training_inputs,
             )
         except TrainingStopped as stopped:
             log.warning("%s", stopped)

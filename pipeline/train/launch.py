@@ -47,6 +47,17 @@ def name_run(
     return decide_run(config, snapshot, default)
 
 
+def training_inputs(config: PipelineConfig, snapshot: str, input_stage: str) -> list[DatasetRef]:
+    """The tokenize outputs a training reads, checked before anything starts: every snapshot of the
+    declared ``data.mixture`` (``pipeline.data.mixture.resolve_mixture``: a MixtureError names the source at
+    fault), else ``snapshot`` of ``input_stage`` alone."""
+    if not config.data.mixture:
+        return [DatasetRef.of(config, input_stage, snapshot).require()]
+    from pipeline.data.mixture import resolve_mixture
+
+    return resolve_mixture(config, snapshot=snapshot, stage=input_stage).refs
+
+
 def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, input_stage: str) -> list[str]:
     train, settings = config.train, config.distributed
     command = [
@@ -101,20 +112,21 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
     return env
 
 
-def prepare_torchrun(config: PipelineConfig, tokens: DatasetRef, snapshot: str) -> list[str]:
+def prepare_torchrun(config: PipelineConfig, inputs: Sequence[DatasetRef], snapshot: str) -> list[str]:
     """Write the resolved config where every rank can read it, and return the torchrun command."""
-    tokens.require()
+    for ref in inputs:
+        ref.require()
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
     run = f"-{config.train.run_id}" if config.train.run_id else ""  # runs launched together stay apart
     config_path = folder / f"train-{snapshot}{run}-config.yaml"
     config_path.write_text(config.to_yaml())
-    return torchrun_command(config, config_path, snapshot, tokens.stage)
+    return torchrun_command(config, config_path, snapshot, inputs[0].stage)
 
 
 def train(
     config: PipelineConfig,
-    tokens: DatasetRef,
+    inputs: Sequence[DatasetRef],
     snapshot: str,
     *,
     on_line: Callable[[str], None],
@@ -138,7 +150,7 @@ def train(
     if run_id is None:
         raise ValueError("launch.train trains the run its caller decided: name it with name_run() first")
     output = DatasetRef.of(config, "train", snapshot, run_id)
-    command = prepare_torchrun(config, tokens, snapshot)
+    command = prepare_torchrun(config, inputs, snapshot)
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
     failures = prepare_failures_folder(config, snapshot, run_id)
@@ -183,11 +195,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     """The train stage's launcher (`pretrain train`): ranks format their own console lines, passed through.
 
     ``stage_main`` decided the run (``name_run``) and the output names it; called directly, it is decided here."""
-    (tokens,) = inputs
     run_id = output.run or name_run(config, output.snapshot)
     return train(
         config.with_run(run_id),
-        tokens,
+        inputs,
         output.snapshot,
         on_line=lambda line: print(line, file=sys.stderr, flush=True),
         forward_signals=True,

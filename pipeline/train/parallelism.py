@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig
-from pipeline.data.loader import Batch
+from pipeline.data.loader import IGNORE_INDEX, Batch
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.compression import CompressionState, GradientCompression, build_compression
@@ -43,6 +44,10 @@ class StepLoss:
 
     loss_sum: torch.Tensor
     tokens: int
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """For batches that name each row's mixture source (``SourcedBatch``): this rank's summed ``lm_loss`` per
+    row, its predicted tokens per row and its source, over the step's micro-batches (per-source loss);
+    None when the parallelism cannot tell (a pipeline, or a fused cross-entropy that builds no logits)."""
 
 
 @contextlib.contextmanager
@@ -187,6 +192,7 @@ class DataParallelism(Parallelism):
         else:
             step_tokens = ctx.sum_cpu(sum(local_tokens))
         loss_sum = torch.zeros((), device=ctx.device)
+        rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for index, batch in enumerate(batches):
             batch = batch.to(ctx.device, non_blocking=True)
             last = index == len(batches) - 1
@@ -199,7 +205,13 @@ class DataParallelism(Parallelism):
                 share = local_tokens[index] / step_tokens
                 self.precision.backward(out.loss * (share * ctx.world_size))
             loss_sum += out.lm_loss.detach().float() * share
-        return StepLoss(loss_sum, step_tokens)
+            if batch.sources is not None and out.logits is not None:
+                rows.append(row_losses(out.logits.detach(), batch.targets, batch.sources))
+        stacked = None
+        if rows and len(rows) == len(batches):
+            row_loss, row_tokens, row_sources = zip(*rows, strict=True)
+            stacked = (torch.cat(row_loss), torch.cat(row_tokens), torch.cat(row_sources))
+        return StepLoss(loss_sum, step_tokens, stacked)
 
     @torch.no_grad()
     def validation_loss(self, inputs, targets, document_ids=None):
@@ -231,6 +243,21 @@ class DataParallelism(Parallelism):
         if self.ddp is None:
             return "one process"
         return f"data parallel over {self.ctx.world_size} ranks"
+
+
+@torch.no_grad()
+def row_losses(
+    logits: torch.Tensor, targets: torch.Tensor, sources: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, predicted tokens, source) of each row: the per-source loss's parts."""
+    per_token = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    return (
+        per_token.view_as(targets).sum(dim=1),
+        (targets != IGNORE_INDEX).sum(dim=1),
+        sources.to(targets.device),
+    )
 
 
 def _placeholder(train, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

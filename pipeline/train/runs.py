@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,12 +75,19 @@ def identity_differences(saved: dict[str, Any], current: dict[str, Any]) -> list
 
 @dataclass(frozen=True)
 class RunRecord:
-    """``run.json`` in a run's folder: what a later training compares before resuming it."""
+    """``run.json`` in a run's folder: what a later training compares before resuming it, and (written by
+    its rank 0) what it was trained on: every input manifest and the tokenizer digest, and at the end how
+    many samples and passes each mixture source gave."""
 
     run_id: str
     created_at: str
     config_hash: str
     resume_identity: dict[str, Any]
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    tokenizer_digest: str | None = None
+    mixture: list[str] | None = None  # the declared mixture's source names; None: one snapshot
+    source_samples: dict[str, int] | None = None
+    source_epochs: dict[str, float] | None = None
 
     @classmethod
     def read(cls, folder: Path) -> RunRecord | None:
@@ -101,11 +108,25 @@ def record_run(folder: Path, config: PipelineConfig, run_id: str) -> RunRecord:
         config_hash=config.hash,
         resume_identity=resume_identity(config),
     )
+    _write_record(folder, record)
+    return record
+
+
+def update_run_record(folder: Path, **changes: Any) -> RunRecord:
+    """Rewrite ``run.json`` in ``folder`` with ``changes`` (RunRecord fields), atomically."""
+    existing = RunRecord.read(folder)
+    if existing is None:
+        raise FileNotFoundError(f"no readable {RUN_RECORD} in {folder}")
+    record = replace(existing, **changes)
+    _write_record(folder, record)
+    return record
+
+
+def _write_record(folder: Path, record: RunRecord) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f".{RUN_RECORD}.tmp-{secrets.token_hex(4)}"
     temporary.write_text(json.dumps(asdict(record), indent=2, sort_keys=True) + "\n")
     temporary.replace(folder / RUN_RECORD)
-    return record
 
 
 def new_run_id() -> str:

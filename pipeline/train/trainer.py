@@ -35,7 +35,9 @@ from pipeline.config import PipelineConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader, build_train_loader
+from pipeline.data.blend import BlendedPackedLoader, BlendedTokenBudgetLoader, build_loader
+from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader
+from pipeline.data.mixture import Mixture, resolve_mixture
 from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.checkpoint import (
@@ -66,7 +68,14 @@ from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.parallel import DistributedContext, init_distributed
 from pipeline.train.parallelism import DataParallelism, Parallelism, StepLoss
-from pipeline.train.runs import identity_differences, launched_run, record_run, resume_identity, run_ref
+from pipeline.train.runs import (
+    identity_differences,
+    launched_run,
+    record_run,
+    resume_identity,
+    run_ref,
+    update_run_record,
+)
 from pipeline.train.threads import ThreadChoice, set_rank_threads
 
 if TYPE_CHECKING:
@@ -126,16 +135,17 @@ class Trainer(Stateful):
     ctx: DistributedContext  # every rank
     device: torch.device
     threads: ThreadChoice
-    tokens_ref: DatasetRef
+    mixture: Mixture  # what it reads: data.mixture, or the one snapshot being trained
+    tokens_ref: DatasetRef  # the first input (every input shares its tokenizer)
     output: StageOutput
     model_config: GPTConfig
     precision: MixedPrecision
     parallelism: Parallelism  # this rank's model parts and how a step runs on them
-    loader: DistributedBatchLoader | TokenBudgetBatchLoader
+    loader: DistributedBatchLoader | TokenBudgetBatchLoader | BlendedPackedLoader | BlendedTokenBudgetLoader
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoint: CheckpointManager
-    validator: Validator
+    validators: dict[str, Validator]  # per mixture source (one, named after the corpus, by default)
     metrics: MetricsLogger
     tensorboard: TensorBoardWriter | None
     throughput: Throughput
@@ -170,17 +180,21 @@ class Trainer(Stateful):
         self.threads = set_rank_threads(train)
         if self.device.type == "cpu" and train.keep_host_memory and keep_freed_host_memory():
             log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
-        self.tokens_ref = DatasetRef.of(config, input_stage, self.snapshot).require()
-        tokens_manifest = self.tokens_ref.manifest()
+        if not config.data.mixture:
+            DatasetRef.of(config, input_stage, self.snapshot).require()  # the usual one-line error
+        self.mixture = resolve_mixture(config, snapshot=self.snapshot, stage=input_stage)
+        self.tokens_ref = self.mixture.refs[0]
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:  # once a run, before step 1
-            verify_token_shards(
-                self.tokens_ref,
-                tokens_manifest,
-                checksums=config.data.verify_shards,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-            )
-        self.model_config = build_model_config(config, tokens_manifest.extra["vocab_size"])
+            for source in self.mixture.sources:
+                for ref, manifest in zip(source.refs, source.manifests, strict=True):
+                    verify_token_shards(
+                        ref,
+                        manifest,
+                        checksums=config.data.verify_shards,
+                        rank=ctx.rank,
+                        world_size=ctx.world_size,
+                    )
+        self.model_config = build_model_config(config, self.mixture.tokenizer["vocab_size"])
         self.precision = MixedPrecision(train.precision, self.device)
         self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)
         log.info("%s", self.parallelism.describe())
@@ -188,7 +202,7 @@ class Trainer(Stateful):
 
         self.run_id = self._check_run()
         self.output = StageOutput(
-            run_ref(config, self.snapshot, self.run_id), config, [self.tokens_ref], resumable=True
+            run_ref(config, self.snapshot, self.run_id), config, self.mixture.refs, resumable=True
         )
         self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         if ctx.is_main:
@@ -199,15 +213,10 @@ class Trainer(Stateful):
             self.output.__enter__()
             self._output_entered = True
             record_run(self.output.path, config, self.run_id)
+            update_run_record(self.output.path, **self._lineage())
         ctx.barrier()
 
-        self.loader = build_train_loader(
-            self.tokens_ref.path / "train",
-            config,
-            rank=data.rank,
-            world_size=data.world_size,
-            pad_id=tokens_manifest.extra.get("pad_id"),
-        )
+        self.loader = build_loader(self.mixture, config, rank=data.rank, world_size=data.world_size)
         self.optimizer = build_optimizer(
             self.parallelism.module, train, self.device, process_group=data.group
         )
@@ -226,21 +235,26 @@ class Trainer(Stateful):
         else:
             seed_everything(config.project.seed + 1_000_003 * (ctx.rank + 1))  # dropout differs per rank
 
-        self.validator = Validator(
-            self.tokens_ref.path / "validation",
-            seq_len=train.seq_len,
-            batch_size=train.batch_size,
-            sequences=train.eval_sequences,
-            rank=data.rank,  # under a pipeline each dp group's pp ranks pass the same windows along
-            world_size=data.world_size,
-            device=self.device,
-            document_masking=train.document_masking,
-        )
+        self.validators = {
+            source.name: Validator(
+                source.folders("validation"),
+                seq_len=train.seq_len,
+                batch_size=train.batch_size,
+                sequences=train.eval_sequences,
+                rank=data.rank,  # under a pipeline each dp group's pp ranks pass the same windows along
+                world_size=data.world_size,
+                device=self.device,
+                document_masking=train.document_masking,
+            )
+            for source in self.mixture.sources
+        }
         if ctx.is_main:
             _truncate_metrics(self.output.path / METRICS_FILE, after_step=self.step)
         self.metrics, self.tensorboard = build_metrics(
-            config, ctx, self.output.path, self.snapshot, self.tokens_ref
+            config, ctx, self.output.path, self.snapshot, self.mixture.refs
         )
+        if ctx.is_main:
+            self.metrics.record_lineage(self._lineage())
         peak = peak_flops_per_device(train, self.device)
         self.throughput = Throughput(
             self.model_config.flops_per_token(train.seq_len), peak * ctx.world_size if peak else None
@@ -261,6 +275,15 @@ class Trainer(Stateful):
         if "error" in verdict:
             raise ConfigError(verdict["error"])
         return verdict["run"]
+
+    def _lineage(self) -> dict[str, Any]:
+        """What the run was trained on (run.json, the MLflow run, the manifest, hence the model card and the
+        registry): every input manifest (source, corpus, snapshot, digest) and the one tokenizer's digest."""
+        return {
+            "inputs": self.mixture.lineage(),
+            "tokenizer_digest": self.mixture.tokenizer_digest,
+            "mixture": None if self.mixture.is_default else self.mixture.names,
+        }
 
     def _build_checkpoint(self) -> CheckpointManager:
         """Every stateful part, registered once; the parallelism says where this rank's files go."""
@@ -365,7 +388,11 @@ class Trainer(Stateful):
         """One optimizer step: forward and backward of ``grad_accum`` micro-batches over the parallelism, then
         clip, step (unless a gradient is not finite: counted in precision.skipped_steps), advance the schedule."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.last_step = self.parallelism.forward_backward(self.next_batches())
+        batches = self.next_batches()
+        if not self.logs_figures(self.step + 1):
+            # A mixture's rows name their sources for the per-source loss; only steps that log it pay for it.
+            batches = [Batch(*batch) for batch in batches]
+        self.last_step = self.parallelism.forward_backward(batches)
         self._grad_norm = self.parallelism.clip_and_step(self.optimizer, self.train_config.grad_clip)
         self.scheduler.step()
         self.step += 1
@@ -376,6 +403,10 @@ class Trainer(Stateful):
             self.tensorboard.histograms(self.parallelism.named_parameters(), self.step)
 
     # --- figures ----------------------------------------------------------------------------------------
+
+    def logs_figures(self, step: int) -> bool:
+        """Whether the training figures of ``step`` are logged: every ``log_every`` steps and the last."""
+        return step % self.train_config.log_every == 0 or step == self.train_config.steps
 
     def _train_metrics(self) -> dict[str, float]:
         loss = self.parallelism.reported_loss(self.last_step)
@@ -392,16 +423,51 @@ class Trainer(Stateful):
         figures.update(memory_metrics(self.device))
         figures.update(router_metrics(self.parallelism))
         figures.update(self.parallelism.metrics())
+        figures.update(self._source_metrics())
+        return figures
+
+    def _source_metrics(self) -> dict[str, float]:
+        """A declared mixture's figures per source: the latest step's token-mean loss on each source's rows
+        (``loss.<source>``, collective; left out where the parallelism has no per-row losses: a pipeline) and
+        the passes over each source so far (``epochs.<source>``)."""
+        if self.mixture.is_default:
+            return {}
+        figures: dict[str, float] = {}
+        rows = self.last_step.rows
+        if rows is not None:
+            row_loss, row_tokens, row_sources = rows
+            totals = torch.zeros(len(self.mixture.sources), 2, dtype=torch.float64, device=self.device)
+            totals[:, 0].index_add_(0, row_sources, row_loss.double())
+            totals[:, 1].index_add_(0, row_sources, row_tokens.double())
+            self.ctx.all_reduce(totals)
+            for name, (loss_sum, tokens) in zip(self.mixture.names, totals.tolist(), strict=True):
+                if tokens:
+                    figures[f"loss.{name}"] = round(loss_sum / tokens, 6)
+        if isinstance(self.loader, BlendedPackedLoader | BlendedTokenBudgetLoader):
+            epochs = self.loader.source_epochs()
+            figures.update({f"epochs.{name}": round(value, 6) for name, value in epochs.items()})
         return figures
 
     def evaluate(self) -> dict[str, float]:
+        """Validation loss (collective). A declared mixture's: each source's on its own validation split
+        (``val_loss.<source>``), and the mixture's ``val_loss``, their mean weighted as the training draws them
+        (over the sources that have a validation split)."""
         with self.throughput.excluded():
-            val_loss = self.validator.evaluate_with(self.parallelism.validation_loss, self.ctx.all_reduce)
+            losses = {
+                name: validator.evaluate_with(self.parallelism.validation_loss, self.ctx.all_reduce)
+                for name, validator in self.validators.items()
+            }
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # give evaluation's activations back before training resumes
-        if val_loss is None:
+        weights = dict(zip(self.mixture.names, self.mixture.weights, strict=True))
+        known = {name: loss for name, loss in losses.items() if loss is not None}
+        if not known:
             return {}
-        return {"val_loss": round(val_loss, 6), "val_perplexity": round(perplexity(val_loss), 4)}
+        val_loss = sum(weights[name] * loss for name, loss in known.items()) / sum(weights[n] for n in known)
+        figures = {"val_loss": round(val_loss, 6), "val_perplexity": round(perplexity(val_loss), 4)}
+        if not self.mixture.is_default:
+            figures.update({f"val_loss.{name}": round(loss, 6) for name, loss in known.items()})
+        return figures
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
@@ -456,7 +522,7 @@ class Trainer(Stateful):
                     stopping = ctx.any_rank(stop.received)
                     last = self.step == train.steps
                     figures: dict[str, float] = {}
-                    if self.step % train.log_every == 0 or last:
+                    if self.logs_figures(self.step):
                         figures.update(self._train_metrics())
                         progress.set_postfix(loss=f"{figures['loss']:.4f}", refresh=False)
                     if (train.eval_every and self.step % train.eval_every == 0) or last:
@@ -479,6 +545,14 @@ class Trainer(Stateful):
             progress.close()
             self.metrics.close(status)
             self.ctx.close()
+
+    def _data_figures(self) -> dict[str, Any]:
+        """Samples drawn and passes made per mixture source (the blended loaders'), for run.json and the
+        manifest; none for the one-snapshot loaders."""
+        loader = self.loader
+        if not isinstance(loader, BlendedPackedLoader | BlendedTokenBudgetLoader):
+            return {}
+        return {"source_samples": loader.source_samples(), "source_epochs": loader.source_epochs()}
 
     def _write_samples(self) -> None:
         """Greedy continuations of tracking.sample_prompts into TensorBoard's text tab (rank 0)."""
@@ -512,6 +586,14 @@ class Trainer(Stateful):
             history = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
             losses = [row["loss"] for row in history if "loss" in row]
             validation = [row["val_loss"] for row in history if "val_loss" in row]
+            evaluated = [row for row in history if "val_loss" in row]
+            by_source = {
+                key.removeprefix("val_loss."): value
+                for key, value in (evaluated[-1] if evaluated else {}).items()
+                if key.startswith("val_loss.")
+            }
+            data = self._data_figures()
+            update_run_record(self.output.path, **data)
             manifest = self.output.commit(
                 rows={"steps": self.step},
                 counters={"tokens_seen": self.tokens_seen, "skipped_steps": self.precision.skipped_steps},
@@ -535,6 +617,9 @@ class Trainer(Stateful):
                     "model_config": asdict(self.model_config),
                     "mlflow_run_id": self.metrics.mlflow_run_id,
                     "run_id": self.run_id,
+                    "val_loss_by_source": by_source or None,
+                    **self._lineage(),
+                    **data,
                 },
             )
             log.info(
@@ -567,7 +652,7 @@ def build_parallelism(
 
 
 def build_metrics(
-    config: PipelineConfig, ctx: DistributedContext, output_dir: Path, snapshot: str, tokens: DatasetRef
+    config: PipelineConfig, ctx: DistributedContext, output_dir: Path, snapshot: str, inputs: list[DatasetRef]
 ) -> tuple[MetricsLogger, TensorBoardWriter | None]:
     """The metrics sinks (MLflow on rank 0, TensorBoard, Prometheus, metrics.jsonl) and TensorBoard's writer."""
     from pipeline.tracking.metric_sinks import TensorBoardMetrics, build_metrics_logger
@@ -578,7 +663,7 @@ def build_metrics(
         local_rank=ctx.local_rank,
         output_dir=output_dir,
         snapshot=snapshot,
-        inputs=[tokens],
+        inputs=inputs,
     )
     tensorboard = next((s.writer for s in metrics.sinks if isinstance(s, TensorBoardMetrics)), None)
     return metrics, tensorboard

@@ -12,6 +12,7 @@ DAG_IDS = {
     "corpus_crawl",
     "corpus_from_files",
     "pretrain",
+    "pretrain_every_snapshot",
     "reprocess_corpus",
     "pretrain_pipeline",
     "train_classifier",
@@ -135,6 +136,7 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
         "pipeline_schedule",
         "stages_per_rank",
         "mlflow_experiment",
+        "mixture",
         "snapshot",
         "config_path",
         "overrides",
@@ -158,6 +160,44 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
     params = copy.deepcopy(dag.params)
     params.update({"steps": 5, "launcher": "kubernetes", "preset": "tiny", "nodes": 2, "precision": "bf16"})
     assert params.validate()["steps"] == 5
+
+
+def test_the_pretrain_form_takes_a_mixture_checked_by_the_configs_own_schema(dagbag):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from operators.training import MIXTURE_EXAMPLE
+    from pipeline.data.config import MixtureSource
+
+    dag = dagbag.dags["pretrain"]
+    field = dag.params.get_param("mixture")
+    assert field.value is None  # an asset-triggered run takes the defaults: the event's snapshot alone
+    assert field.schema["items"] == MixtureSource.model_json_schema()  # declared once, in the config
+    assert field.schema["examples"] == [MIXTURE_EXAMPLE]
+    params = copy.deepcopy(dag.params)
+    params["mixture"] = MIXTURE_EXAMPLE
+    assert params.validate()["mixture"] == MIXTURE_EXAMPLE
+    for bad in (
+        [],
+        [{"snapshots": "all"}],  # no corpus
+        [{"corpus": "web", "weight": 0}],
+        [{"corpus": "web", "weigth": 2}],  # a misspelt key is not ignored
+        [{"corpus": "../etc"}],
+        [{"corpus": "web", "snapshots": 3}],
+    ):
+        params = copy.deepcopy(dag.params)
+        with pytest.raises(ParamValidationError):
+            params["mixture"] = bad
+
+
+def test_pretrain_every_snapshot_is_the_scheduled_variant_on_token_shards(dagbag):
+    from operators.assets import TOKEN_SHARDS
+
+    dag = dagbag.dags["pretrain_every_snapshot"]
+    assert list(dag.timetable.asset_condition.objects) == [TOKEN_SHARDS]
+    assert dag.is_paused_upon_creation  # one of the two asset-scheduled trainings, chosen by unpausing it
+    assert_chain(dag, ["training_run", "train", "export", "report"])
+    assert_chain(dag, ["train", "evaluate", "report"])
+    assert set(dag.params) == {"corpus", *dagbag.dags["pretrain"].params}
 
 
 def test_reprocess_corpus_reads_stored_crawls_for_backfills(dagbag):

@@ -40,3 +40,54 @@ def test_the_forms_pipeline_fields_reach_the_config(tmp_path):
         "interleaved_1f1b",
         2,
     )
+
+
+def publish_tokens(config, corpus: str, snapshot: str) -> None:
+    from tests.train.support import write_token_corpus
+
+    write_token_corpus(config, snapshot, documents=30, seed=len(snapshot), corpus=corpus, tokenizer_seed=7)
+
+
+def test_the_forms_mixture_reaches_the_config_and_is_resolved_before_training(tmp_path):
+    import pytest
+
+    from pipeline.core.config import ConfigError
+    from pipeline.data.mixture import MixtureError
+
+    base = load_config(None, [f"project.data_root={tmp_path}"], environ={})
+    publish_tokens(base, "web", "d1")
+    publish_tokens(base, "books", "v1")
+    mixture = [{"corpus": "web", "snapshots": "all", "weight": 3}, {"corpus": "books", "weight": 1}]
+    params = {"overrides": [f"project.data_root={tmp_path}"], "mixture": mixture}
+    resolved = resolve_training_run(params, {}, dag_run_id=DAG_RUN)
+    config = load_config(resolved["config_path"], environ={})
+    assert [(s.corpus, s.snapshots, s.weight) for s in config.data.mixture] == [
+        ("web", "all", 3.0),
+        ("books", "all", 1.0),
+    ]
+    assert resolved["snapshot"]  # the run's folder: today's date when no snapshot is given
+    # What the JSON schema cannot say, the config's validation does, naming the key...
+    bad_grammar = {**params, "mixture": [{"corpus": "web", "snapshots": "last:0"}]}
+    with pytest.raises(ConfigError, match=r"data\.mixture"):
+        resolve_training_run(bad_grammar, {}, dag_run_id=DAG_RUN)
+    # ...and resolving it against the data root, naming the source.
+    unknown = {**params, "mixture": [{"corpus": "news", "weight": 1}]}
+    with pytest.raises(MixtureError, match="unknown corpus 'news'"):
+        resolve_training_run(unknown, {}, dag_run_id=DAG_RUN)
+
+
+def test_the_scheduled_variant_trains_on_every_snapshot_of_the_events_corpus(tmp_path):
+    from pipeline.data.mixture import resolve_mixture
+
+    base = load_config(None, [f"project.data_root={tmp_path}", "project.corpus=web"], environ={})
+    for snapshot in ("2026-11-01", "2026-11-02"):
+        publish_tokens(base, "web", snapshot)
+    event = {"snapshot": "2026-11-02", "overrides": [f"project.data_root={tmp_path}", "project.corpus=web"]}
+    resolved = resolve_training_run({}, event, dag_run_id=DAG_RUN, every_snapshot=True)
+    config = load_config(resolved["config_path"], environ={})
+    assert resolved["snapshot"] == "2026-11-02"
+    assert [(s.corpus, s.snapshots) for s in config.data.mixture] == [("web", "all")]
+    assert resolve_mixture(config, resolved["snapshot"]).sources[0].snapshots == ["2026-11-01", "2026-11-02"]
+    # Without every_snapshot the same event trains its own snapshot, as before.
+    single = resolve_training_run({}, event, dag_run_id=DAG_RUN)
+    assert load_config(single["config_path"], environ={}).data.mixture is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,12 +17,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer
+from pipeline.data.mixture import TOKENIZER_FACTS
+from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.config import TokenizerConfig
 from pipeline.tokenization.shards import ShardWriter
+from pipeline.tokenization.store import DIGEST_FILES
 from pipeline.train.launch import child_environment
 
 WORDS = [
@@ -77,17 +81,45 @@ def generated_documents(count: int, seed: int) -> list[str]:
 
 
 def write_token_corpus(
-    config: PipelineConfig, snapshot: str, documents: int = 400, seed: int = 7
+    config: PipelineConfig,
+    snapshot: str,
+    documents: int = 400,
+    seed: int = 7,
+    corpus: str | None = None,
+    tokenizer_seed: int | None = None,
+    tokenizer_from: DatasetRef | None = None,
 ) -> DatasetRef:
-    """A published tokenize output (train + validation shards, tokenizer.json, manifest) for ``snapshot``."""
+    """A published tokenize output (train + validation shards, tokenizer.json, manifest) for ``snapshot`` of
+    ``corpus`` (default project.corpus). Its BPE is trained on its own texts, or with ``tokenizer_seed`` on
+    the texts of that seed, so outputs given one tokenizer_seed share one tokenizer (a mixture's); or it is
+    the tokenizer of the tokenize output ``tokenizer_from`` (its files and facts, so its digest too)."""
     texts = generated_documents(documents, seed)
     tokenizer_config = TokenizerConfig(vocab_size=320, min_frequency=1)
-    tokenizer = train_tokenizer(texts, tokenizer_config)
-    eos_id = tokenizer.token_to_id(tokenizer_config.eos_token)
+    if tokenizer_from is not None:
+        tokenizer = Tokenizer.from_file(str(tokenizer_from.path / TOKENIZER_FILE))
+        facts = {key: tokenizer_from.manifest().extra.get(key) for key in (*TOKENIZER_FACTS, "tokenizer")}
+        eos_id = facts["eos_id"]
+    else:
+        tokenizer_texts = texts if tokenizer_seed is None else generated_documents(400, tokenizer_seed)
+        tokenizer = train_tokenizer(tokenizer_texts, tokenizer_config)
+        eos_id = tokenizer.token_to_id(tokenizer_config.eos_token)
+        facts = {
+            "vocab_size": tokenizer.get_vocab_size(),
+            "eos_id": eos_id,
+            "pad_id": tokenizer.token_to_id(tokenizer_config.pad_token),
+            "eos_token": tokenizer_config.eos_token,
+            "pad_token": tokenizer_config.pad_token,
+        }
+    if corpus is not None:
+        config = config.model_copy(update={"project": config.project.model_copy(update={"corpus": corpus})})
     ref = DatasetRef.of(config, "tokenize", snapshot)
     validation = len(texts) // 10
     with StageOutput(ref, config, []) as out:
-        save_tokenizer(tokenizer, out.path, tokenizer_config)
+        if tokenizer_from is not None:
+            for name in DIGEST_FILES:
+                shutil.copyfile(tokenizer_from.path / name, out.path / name)
+        else:
+            save_tokenizer(tokenizer, out.path, tokenizer_config)
         encoded = [[*encoding.ids, eos_id] for encoding in tokenizer.encode_batch(texts)]
         splits = {
             "validation": [encoded[:validation]],
@@ -97,19 +129,19 @@ def write_token_corpus(
             (out.path / split).mkdir()
             for number, shard in enumerate(shards):
                 with ShardWriter(
-                    out.path / split / f"shard-{number:05d}-0000", np.dtype(np.uint16)
+                    out.path / split / f"shard-{number:05d}-0000", np.dtype(facts.get("dtype") or "uint16")
                 ) as writer:
                     for document in shard:
                         writer.add_document(document)
         out.commit(
             rows={"train_documents": len(texts) - validation, "validation_documents": validation},
-            extra={
-                "vocab_size": tokenizer.get_vocab_size(),
-                "eos_id": eos_id,
-                "pad_id": tokenizer.token_to_id(tokenizer_config.pad_token),
-                "eos_token": tokenizer_config.eos_token,
-                "pad_token": tokenizer_config.pad_token,
+            counters={
+                "tokens": {
+                    split: sum(len(document) for shard in shards for document in shard)
+                    for split, shards in splits.items()
+                }
             },
+            extra=facts,
         )
     return ref
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Validator:
     def __init__(
         self,
-        folder: Path,
+        folder: Path | Sequence[Path],
         *,
         seq_len: int,
         batch_size: int,
