@@ -45,7 +45,9 @@ def pipeline_run(tmp_path_factory):
     expected = write_all(sources)
     # A link in the corpus folder to a file outside it: refused (ingest.follow_symlinks=false), and counted.
     outside = base / "outside.jsonl"
-    outside.write_text(json.dumps({"text": "a document from outside the source folder", "doc_id": "outside-1"}))
+    outside.write_text(
+        json.dumps({"text": "a document from outside the source folder", "doc_id": "outside-1"})
+    )
     (sources / "linked.jsonl").symlink_to(outside)
     root = base / "data"
     argv = ["ingest", "--snapshot", SNAPSHOT, "--source", str(sources / "*.gz"), "--source", str(sources)]
