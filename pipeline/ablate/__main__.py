@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec", type=Path, help="ablation YAML (pipeline/ablate/spec.py shows the keys)")
     parser.add_argument("--name", help="the ablation's name: its folder and MLflow run (default: ablation)")
     parser.add_argument("--snapshot", help="the source snapshot (the corpus stages' input)")
-    parser.add_argument("--source-stage", choices=["ingest", "crawl"], help="what the source is (default ingest)")
+    parser.add_argument(
+        "--source-stage", choices=["ingest", "crawl"], help="what the source is (default ingest)"
+    )
     parser.add_argument(
         "--variant",
         action="append",
@@ -52,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", help="a stored tokenizer for every variant (default: train one)")
     parser.add_argument("--config", "-c", metavar="YAML", help="pipeline config (proxy model, training, ...)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan: stages to run or reuse, trainings")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the plan: stages to run or reuse, trainings"
+    )
     return parser
 
 

@@ -45,7 +45,9 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
     for variant in spec.variants:
         mine = [r for r in results if r["variant"] == variant.name]
         tokenize = plan.final_tokens(variant.name).manifest()
-        documents = int(tokenize.rows.get("train_documents", 0)) + int(tokenize.rows.get("validation_documents", 0))
+        documents = int(tokenize.rows.get("train_documents", 0)) + int(
+            tokenize.rows.get("validation_documents", 0)
+        )
         scores: dict[str, Any] = {}
         curves: dict[str, list[dict[str, float]]] = {}
         for name in eval_sets:
@@ -106,9 +108,15 @@ def plot_curves(comparison: dict[str, Any], path: Path) -> None:
             tokens = [p["tokens"] for p in points]
             line = axis.plot(tokens, [p["mean"] for p in points], marker="o", label=variant)[0]
             axis.fill_between(
-                tokens, [p["min"] for p in points], [p["max"] for p in points], color=line.get_color(), alpha=0.2
+                tokens,
+                [p["min"] for p in points],
+                [p["max"] for p in points],
+                color=line.get_color(),
+                alpha=0.2,
             )
-        axis.set(title=f"held-out loss: {name}", xlabel="training tokens", ylabel="cross-entropy (nats/token)")
+        axis.set(
+            title=f"held-out loss: {name}", xlabel="training tokens", ylabel="cross-entropy (nats/token)"
+        )
         axis.legend(fontsize=8)
     figure.suptitle("mean over seeds; band: min to max over seeds")
     figure.tight_layout()
@@ -145,7 +153,14 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
     from pipeline.quality.page import _STYLE, _image, _table
 
     sets = comparison["eval_sets"]
-    header = ["variant", *(f"{s} loss (mean ± spread)" for s in sets), "tokens", "epochs", "documents", "kept"]
+    header = [
+        "variant",
+        *(f"{s} loss (mean ± spread)" for s in sets),
+        "tokens",
+        "epochs",
+        "documents",
+        "kept",
+    ]
     header += [f"vs base ({s})" for s in sets]
     rows = []
     for name, entry in comparison["variants"].items():
@@ -167,23 +182,28 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
                 ),
             ]
         )
-    overrides = [[name, "; ".join(entry["overrides"]) or "(the config as it is)"] for name, entry in comparison["variants"].items()]
+    overrides = [
+        [name, "; ".join(entry["overrides"]) or "(the config as it is)"]
+        for name, entry in comparison["variants"].items()
+    ]
     title = html.escape(comparison["name"])
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8">
 <title>Ablation: {title}</title><style>{_STYLE}</style></head><body>
 <h1>Ablation: {title}</h1>
-<p>Source {html.escape(comparison['source']['stage'])}/{html.escape(comparison['source']['snapshot'])}; every
-variant trained on {comparison['tokens']:,} tokens ({comparison['train_steps']} steps) with seeds
-{html.escape(str(comparison['seeds']))} and tokenizer {html.escape(comparison['tokenizer'])}.</p>
+<p>Source {html.escape(comparison["source"]["stage"])}/{html.escape(comparison["source"]["snapshot"])}; every
+variant trained on {comparison["tokens"]:,} tokens ({comparison["train_steps"]} steps) with seeds
+{html.escape(str(comparison["seeds"]))} and tokenizer {html.escape(comparison["tokenizer"])}.</p>
 <h2>Comparison</h2>{_table(header, rows)}
-<p><b>Rule.</b> {html.escape(comparison['rule'])}.</p>
-<h2>Curves</h2>{''.join(_image(path, wide=True) for path in plots)}
-<h2>Variants</h2>{_table(['variant', 'overrides'], overrides)}
+<p><b>Rule.</b> {html.escape(comparison["rule"])}.</p>
+<h2>Curves</h2>{"".join(_image(path, wide=True) for path in plots)}
+<h2>Variants</h2>{_table(["variant", "overrides"], overrides)}
 </body></html>
 """
 
 
-def track(config: PipelineConfig, comparison: dict[str, Any], results: list[dict[str, Any]], folder: Path) -> str | None:
+def track(
+    config: PipelineConfig, comparison: dict[str, Any], results: list[dict[str, Any]], folder: Path
+) -> str | None:
     """A parent MLflow run for the ablation and one child per variant and seed; found again on a rerun."""
     from pipeline.tracking.mlflow_runs import ensure_experiment, mlflow_client
 
@@ -192,11 +212,15 @@ def track(config: PipelineConfig, comparison: dict[str, Any], results: list[dict
         experiment = ensure_experiment(client, config)
         key = f"tags.`pretrain.ablation` = '{comparison['name']}'"
         found = client.search_runs([experiment], f"{key} and tags.`pretrain.ablation_role` = 'parent'")
-        parent = found[0].info.run_id if found else client.create_run(
-            experiment,
-            run_name=f"ablate {comparison['name']}",
-            tags={"pretrain.ablation": comparison["name"], "pretrain.ablation_role": "parent"},
-        ).info.run_id
+        parent = (
+            found[0].info.run_id
+            if found
+            else client.create_run(
+                experiment,
+                run_name=f"ablate {comparison['name']}",
+                tags={"pretrain.ablation": comparison["name"], "pretrain.ablation_role": "parent"},
+            ).info.run_id
+        )
         client.log_param(parent, "base", comparison["base"])
         client.log_param(parent, "tokens", comparison["tokens"])
         children = {
@@ -227,8 +251,9 @@ def track(config: PipelineConfig, comparison: dict[str, Any], results: list[dict
             client.set_terminated(child)
         for variant, entry in comparison["variants"].items():
             for name, score in entry["eval"].items():
-                client.log_metric(parent, f"{variant}.{name}.mean", score["mean"])
-                client.log_metric(parent, f"{variant}.{name}.spread", score["spread"])
+                key = f"{variant.replace('+', '_')}.{name}"  # MLflow names allow no '+'
+                client.log_metric(parent, f"{key}.mean", score["mean"])
+                client.log_metric(parent, f"{key}.spread", score["spread"])
         for name in ("comparison.json", "report.html"):
             client.log_artifact(parent, str(folder / name))
         client.set_terminated(parent)
@@ -245,7 +270,9 @@ def compare(
 ) -> Manifest:
     config = load_config(config_path, overrides)
     spec = plan.spec
-    source = DatasetRef(config.project.data_root, config.project.corpus, spec.source.stage, spec.source.snapshot)
+    source = DatasetRef(
+        config.project.data_root, config.project.corpus, spec.source.stage, spec.source.snapshot
+    )
     source_documents = source.manifest().rows.get("documents")
     comparison = summarise(plan, results, source_documents)
     inputs = [plan.final_tokens(variant.name) for variant in spec.variants]

@@ -90,7 +90,11 @@ def find_overlaps(references: list[str], documents: dict[str, DatasetRef]) -> li
                     for index in owners.get(gram, ()):
                         shared[index] += 1
                 for index, count in shared.items():
-                    if sizes[index] and count >= OVERLAP_SHARE * sizes[index] and (index, variant) not in seen:
+                    if (
+                        sizes[index]
+                        and count >= OVERLAP_SHARE * sizes[index]
+                        and (index, variant) not in seen
+                    ):
                         seen.add((index, variant))
                         found.append(
                             Overlap(
@@ -139,7 +143,9 @@ def write_reference_shards(texts: list[str], tokenizer_file: Path, eos_token: st
     return folder
 
 
-def checkpoint_losses(checkpoint: Path, streams: dict[str, Path], max_documents: int, batch_size: int) -> dict:
+def checkpoint_losses(
+    checkpoint: Path, streams: dict[str, Path], max_documents: int, batch_size: int
+) -> dict:
     """Held-out loss of one checkpoint on each eval set: the token-weighted mean over its documents."""
     from pipeline.data.loader import TokenStream
     from pipeline.evaluate.job import document_losses

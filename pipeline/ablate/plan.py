@@ -111,8 +111,12 @@ class Plan:
             "corpus stages:",
         ]
         for s in self.steps:
-            lines.append(f"  {s.variant:<16} {s.stage:<14} {s.action:<7} -> {s.output.stage}/{s.output.snapshot}")
-        counts = {action: sum(s.action == action for s in self.steps) for action in ("run", "shared", "reuse")}
+            lines.append(
+                f"  {s.variant:<16} {s.stage:<14} {s.action:<7} -> {s.output.stage}/{s.output.snapshot}"
+            )
+        counts = {
+            action: sum(s.action == action for s in self.steps) for action in ("run", "shared", "reuse")
+        }
         lines.append(
             f"  {counts['run']} to run, {counts['shared']} shared between variants, {counts['reuse']} reused "
             "(complete already)"
@@ -122,7 +126,9 @@ class Plan:
             f"{self.tokens:,} tokens each; eval every {self.checkpoint_every} steps)"
         )
         for t in self.trainings:
-            done = DatasetRef(t.tokens.root, t.tokens.corpus, "train", t.tokens.snapshot, t.run_id).is_complete()
+            done = DatasetRef(
+                t.tokens.root, t.tokens.corpus, "train", t.tokens.snapshot, t.run_id
+            ).is_complete()
             lines.append(f"  {t.variant:<16} seed {t.seed:<4} run {t.run_id}{' (done)' if done else ''}")
         return "\n".join(lines)
 
@@ -138,13 +144,16 @@ def base_config(spec: AblationSpec, config_path: str | Path | None, overrides: l
 def variant_config(
     spec: AblationSpec, variant: Variant, config_path: str | Path | None, overrides: list[str]
 ) -> PipelineConfig:
-    return load_config(config_path, [*overrides, f"tokenize.tokenizer={tokenizer_name(spec)}", *variant.overrides])
+    return load_config(
+        config_path, [*overrides, f"tokenize.tokenizer={tokenizer_name(spec)}", *variant.overrides]
+    )
 
 
 def stage_identity(config: PipelineConfig, stage: str, input_identity: str) -> str:
     """The equality rule (module docstring): stage, input, the stage's own config sections, code version."""
     sections = {
-        name: getattr(config, name).model_dump(mode="json") for name in sorted(registered_stage(stage).sections)
+        name: getattr(config, name).model_dump(mode="json")
+        for name in sorted(registered_stage(stage).sections)
     }
     payload = {"stage": stage, "input": input_identity, "sections": sections, "code": code_version()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -180,12 +189,23 @@ def make_plan(spec: AblationSpec, config_path: str | Path | None, overrides: lis
     per_step = tokens_per_step(config)
     train_steps = max(1, math.ceil(spec.tokens / per_step))
     every = max(1, train_steps // spec.eval_points)
+    recipe = training_recipe(config, train_steps, every)
     trainings = []
     for variant in spec.variants:
         final = next(s.output for s in reversed(steps) if s.variant == variant.name)
         for seed in spec.seeds:
-            trainings.append(Training(variant.name, seed, final, f"ab-{spec.name}-{variant.slug}-s{seed}"))
+            run_id = f"ab-{spec.name}-{variant.slug}-s{seed}-{recipe}"
+            trainings.append(Training(variant.name, seed, final, run_id))
     return Plan(spec, tokenizer_name(spec), steps, trainings, train_steps, per_step, every, outputs)
+
+
+def training_recipe(config: PipelineConfig, train_steps: int, every: int) -> str:
+    """A short digest of what every training shares (model, optimizer, schedule, batches, steps), in each run's
+    name: a rerun with the same recipe finds its finished runs, a changed recipe trains new ones."""
+    sections = {name: getattr(config, name).model_dump(mode="json") for name in ("model", "train", "data")}
+    sections["train"].pop("run_id", None)
+    payload = {"sections": sections, "steps": train_steps, "every": every}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def training_overrides(plan: Plan, training: Training) -> list[str]:

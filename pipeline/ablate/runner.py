@@ -192,7 +192,9 @@ def train_and_evaluate(
     if output.is_complete():
         progress.trainings_skipped.append(training.key)
     else:
-        say(f"training {training.variant} seed {training.seed} ({plan.tokens:,} tokens) as run {training.run_id}")
+        say(
+            f"training {training.variant} seed {training.seed} ({plan.tokens:,} tokens) as run {training.run_id}"
+        )
         train(
             config,
             training.tokens,

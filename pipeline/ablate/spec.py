@@ -140,7 +140,9 @@ class AblationSpec:
             for override in variant.overrides:
                 key = override.partition("=")[0].strip()
                 if "=" not in override or not key:
-                    raise ConfigError(f"variant {variant.name}: {override!r} must look like section.key=value")
+                    raise ConfigError(
+                        f"variant {variant.name}: {override!r} must look like section.key=value"
+                    )
                 if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS):
                     raise ConfigError(
                         f"variant {variant.name}: {key} is the same for every variant (one tokenizer); "
@@ -159,7 +161,11 @@ class AblationSpec:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "source": {"kind": self.source.kind, "snapshot": self.source.snapshot, "stage": self.source.stage},
+            "source": {
+                "kind": self.source.kind,
+                "snapshot": self.source.snapshot,
+                "stage": self.source.stage,
+            },
             "base": self.base,
             "variants": {variant.name: list(variant.overrides) for variant in self.variants},
             "seeds": list(self.seeds),
@@ -173,11 +179,7 @@ class AblationSpec:
 
 def corpus_chain() -> list[str]:
     """The corpus stages between a source and the token shards training reads, in order (from the registry)."""
-    return [
-        entry.name
-        for entry in downstream(CORPUS_SOURCES[0])
-        if entry in group("corpus", reports=False)
-    ]
+    return [entry.name for entry in downstream(CORPUS_SOURCES[0]) if entry in group("corpus", reports=False)]
 
 
 def variant_sections() -> set[str]:

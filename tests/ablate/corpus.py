@@ -18,7 +18,27 @@ from pathlib import Path
 
 from tests.classify.texts import BOILERPLATE, SPAM_WORDS, wikipedia_extracts
 
-NAVIGATION = ["Home", "About us", "Contact", "Login", "Register", "Cart", "Privacy", "Terms", "Sitemap", "Help"]
+NAVIGATION = [
+    "Home",
+    "About us",
+    "Contact",
+    "Login",
+    "Register",
+    "Cart",
+    "Privacy",
+    "Terms",
+    "Sitemap",
+    "Help",
+]
+
+
+# Junk carries no prose from the reference-like pool: only clean and near-duplicate pages teach its language.
+PROMOTIONS = [
+    "Subscribe to our newsletter and never miss a deal again!",
+    "Click here to claim your free gift card today.",
+    "Sign up now and get 20% off your first order.",
+    "Follow us on social media for the latest offers.",
+]
 
 
 @dataclass(frozen=True)
@@ -33,28 +53,27 @@ def clean_page(rng: random.Random, extracts: list[str]) -> str:
     return "\n\n".join(rng.sample(extracts, rng.randint(2, 4)))
 
 
-def navigation_page(rng: random.Random, extracts: list[str]) -> str:
+def navigation_page(rng: random.Random, _extracts: list[str]) -> str:
     menu = [" | ".join(rng.sample(NAVIGATION, 5)) for _ in range(rng.randint(8, 16))]
-    return "\n".join([*menu, rng.choice(extracts)[:120], *menu[:4]])
+    return "\n".join([*menu, rng.choice(PROMOTIONS), *menu[:4]])
 
 
-def repeated_line_page(rng: random.Random, extracts: list[str]) -> str:
-    line = rng.choice(extracts).split(". ")[0] + "."
-    return "\n".join([line] * rng.randint(15, 40))
+def repeated_line_page(rng: random.Random, _extracts: list[str]) -> str:
+    return "\n".join([rng.choice(PROMOTIONS)] * rng.randint(15, 40))
 
 
-def keyword_spam_page(rng: random.Random, _: list[str]) -> str:
+def keyword_spam_page(rng: random.Random, _extracts: list[str]) -> str:
     keyword = rng.choice(["cheap flights", "payday loan", "replica watches", "online casino"])
-    return " ".join(f"{keyword} {rng.choice(SPAM_WORDS)}" for _ in range(rng.randint(60, 160)))
+    return " ".join(f"{keyword} {rng.choice(SPAM_WORDS)}" for _ in range(rng.randint(100, 250)))
 
 
-def random_character_page(rng: random.Random, _: list[str]) -> str:
+def random_character_page(rng: random.Random, _extracts: list[str]) -> str:
     alphabet = string.ascii_letters + string.digits + "#@$%&*"
-    words = ["".join(rng.choices(alphabet, k=rng.randint(2, 12))) for _ in range(rng.randint(80, 200))]
+    words = ["".join(rng.choices(alphabet, k=rng.randint(2, 12))) for _ in range(rng.randint(150, 300))]
     return " ".join(words)
 
 
-def templated_page(rng: random.Random, _: list[str]) -> str:
+def templated_page(rng: random.Random, _extracts: list[str]) -> str:
     lines = []
     for _ in range(rng.randint(10, 25)):
         lines.append(
@@ -67,7 +86,9 @@ def templated_page(rng: random.Random, _: list[str]) -> str:
                 n=rng.randint(0, 99),
             )
         )
-        lines.append(f"SKU {rng.randint(1000, 9999)} price ${rng.randint(5, 500)}.{rng.randint(0, 99):02d} in stock")
+        lines.append(
+            f"SKU {rng.randint(1000, 9999)} price ${rng.randint(5, 500)}.{rng.randint(0, 99):02d} in stock"
+        )
     return "\n".join(lines)
 
 
@@ -81,7 +102,7 @@ JUNK = {
 
 
 def build(folder: Path, pages: int = 240, seed: int = 7, reference_documents: int = 40) -> ConstructedCorpus:
-    """``pages`` pages: 30% clean prose, 10% near-duplicates of a few clean pages, 10% foreign, the rest junk
+    """``pages`` pages: 20% clean prose, 10% near-duplicates of a few clean pages, 10% foreign, the rest junk
     (spread over JUNK's kinds); plus ``reference_documents`` held-out extracts."""
     rng = random.Random(seed)
     extracts = [text for text in wikipedia_extracts("en-us") if len(text.split()) >= 40]
@@ -89,8 +110,8 @@ def build(folder: Path, pages: int = 240, seed: int = 7, reference_documents: in
     reference, pool = extracts[:reference_documents], extracts[reference_documents:]
     foreign = [t for t in wikipedia_extracts("fr-fr") if len(t.split()) >= 40]
     rows: list[dict[str, str]] = []
-    clean_count, near_count, foreign_count = int(0.3 * pages), int(0.1 * pages), int(0.1 * pages)
-    for i in range(clean_count):
+    clean_count, near_count, foreign_count = int(0.2 * pages), int(0.1 * pages), int(0.1 * pages)
+    for _ in range(clean_count):
         rows.append({"kind": "clean", "text": clean_page(rng, pool)})
     originals = [clean_page(rng, pool) for _ in range(3)]
     for i in range(near_count):
@@ -118,7 +139,9 @@ def build(folder: Path, pages: int = 240, seed: int = 7, reference_documents: in
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=Path)
     parser.add_argument("--pages", type=int, default=240)
     parser.add_argument("--seed", type=int, default=7)
