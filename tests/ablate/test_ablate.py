@@ -14,29 +14,11 @@ from pipeline.ablate.plan import make_plan
 from pipeline.ablate.runner import Progress, prepare, run_ablation
 from pipeline.ablate.spec import parse_spec
 from pipeline.core.storage import DatasetRef
-from tests.ablate.corpus import build
+from tests.ablate.corpus import PROXY, TOKENS, build
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow
 SNAPSHOT = "crawl-1"
-# The smallest proxy and corpus that still separate the recipe from `none` clearly (see the margin test).
-PROXY = [
-    "spark.shuffle_partitions=2",
-    "tokenize.num_shards=1",
-    "tokenize.validation_fraction=0.1",
-    "train.nproc_per_node=1",
-    "train.max_restarts=0",
-    "train.batch_size=8",
-    "train.seq_len=64",
-    "train.warmup_steps=2",
-    "train.lr=5e-3",
-    "train.histogram_every=0",
-    "train.log_every=20",
-    "evaluate.batch_size=16",
-    "model.overrides={hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 2, "
-    "intermediate_size: 128}",
-]
-TOKENS = 60_000
 
 
 def spec_for(reference: Path, name: str = "recipe"):
