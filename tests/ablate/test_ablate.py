@@ -40,7 +40,7 @@ def ablation(tmp_path_factory):
     from pipeline.ingest import job as ingest_job
 
     folder = tmp_path_factory.mktemp("ablate")
-    corpus = build(folder / "source")
+    corpus = build(folder / "source", pages=300)
     data = folder / "data"
     overrides = [
         f"project.data_root={data}",
@@ -94,12 +94,11 @@ def test_every_variant_trains_on_the_same_tokens_and_reports_its_epochs(ablation
         assert entry["train_tokens_available"] == available
         assert entry["epochs"] == pytest.approx(tokens / available)
     variants = comparison["variants"]
-    # The filtered variants have fewer tokens, so repeat more; the recipe had to repeat its data.
+    # The filtered variants have fewer tokens, so repeat more: the recipe had to repeat its data.
     assert (
         variants["none"]["documents"] > variants["rules"]["documents"] > variants["rules+dedup"]["documents"]
     )
-    assert variants["rules+dedup"]["epochs"] > variants["none"]["epochs"]
-    assert variants["rules+dedup"]["epochs"] > 1
+    assert variants["none"]["epochs"] < 1 < variants["rules+dedup"]["epochs"]
 
 
 def test_the_recipe_beats_no_filtering_by_more_than_the_seed_spread(ablation):
