@@ -10,7 +10,7 @@ Prints ``recipe_margin_over_none`` (held-out reference loss of ``none`` minus th
 mean over seeds), ``seed_spread`` (the larger of the two variants' seed ranges: the noise floor) and
 ``wall_s``.
 
-    .venv/bin/python benchmarks/ablate.py --quick     # 600 pages, 2 seeds, 70k tokens per training
+    .venv/bin/python benchmarks/ablate.py --quick     # 300 pages, 2 seeds, 50k tokens per training (the test's)
     .venv/bin/python benchmarks/ablate.py             # 1,500 pages, 3 seeds, 175k tokens per training
 
 The last line printed is one JSON object.
@@ -35,7 +35,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="600 pages, 2 seeds, 70k tokens per training")
+    parser.add_argument("--quick", action="store_true", help="300 pages, 2 seeds, 50k tokens per training")
+    parser.add_argument("--pages", type=int, help="pages of the constructed corpus (overrides the mode's)")
+    parser.add_argument("--tokens", type=int, help="tokens per training (overrides the mode's)")
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary folder)")
     args = parser.parse_args()
 
@@ -44,9 +46,10 @@ def main() -> int:
     from pipeline.config import load_config
     from pipeline.core.storage import DatasetRef
     from pipeline.ingest import job as ingest_job
-    from tests.ablate.corpus import PROXY, build
+    from tests.ablate.corpus import PROXY, TOKENS, build
 
-    pages, seeds, tokens = (600, [0, 1], 70_000) if args.quick else (1500, [0, 1, 2], 175_000)
+    pages, seeds, tokens = (300, [0, 1], TOKENS) if args.quick else (1500, [0, 1, 2], 175_000)
+    pages, tokens = args.pages or pages, args.tokens or tokens
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-ablate-"))
     started = time.monotonic()
     corpus = build(folder / "source", pages=pages)
@@ -101,6 +104,7 @@ def main() -> int:
             if entry["verdict"]
         },
         "quick": args.quick,
+        "pages": pages,
         "comparison": str(Path(manifest.path) / "report.html"),
     }
     print(json.dumps(result))
