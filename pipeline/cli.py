@@ -32,6 +32,11 @@ TOOLS: dict[str, tuple[str, str]] = {
         "pipeline.evaluate.generate",
         "sample text from a training run's checkpoint (KV cache, temperature/top-k/top-p, stops at end of text)",
     ),
+    "ablate": (
+        "pipeline.ablate.__main__",
+        "data ablations: train the same proxy model on variants of a corpus recipe at equal tokens and seeds, "
+        "compare held-out loss against the seed spread",
+    ),
     "config": ("pipeline.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
 }

@@ -16,6 +16,7 @@ DAG_IDS = {
     "reprocess_corpus",
     "pretrain_pipeline",
     "train_classifier",
+    "ablate",
 }
 
 

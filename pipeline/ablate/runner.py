@@ -1,0 +1,249 @@
+"""Run an ablation: the corpus stages per variant (sharing what is identical, ``pipeline.ablate.plan``), one
+tokenizer, the checked held-out reference, one training per variant and seed through the same torchrun
+launch as `pretrain train`, each checkpoint scored on the fixed eval sets, and the comparison.
+
+Three steps, so a DAG can map the middle one: ``prepare`` (corpus stages, tokenizer, reference),
+``train_and_evaluate`` (one training; a finished one is skipped, its evaluation kept) and ``compare``.
+``run_ablation`` runs the three in order. A rerun of a killed ablation skips every finished stage output
+(complete outputs are reused) and training (a complete run is never trained again; an unfinished one
+resumes from its newest checkpoint through the trainer's own resume).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.ablate import heldout
+from pipeline.ablate.plan import (
+    Plan,
+    StageStep,
+    Training,
+    make_plan,
+    training_overrides,
+    variant_config,
+    work_folder,
+)
+from pipeline.ablate.spec import AblationSpec
+from pipeline.config import PipelineConfig, load_config
+from pipeline.core.manifest import Manifest
+from pipeline.core.storage import DatasetRef, StageFailure
+from pipeline.stages import stage as registered_stage
+
+log = logging.getLogger(__name__)
+REFERENCE = "reference"  # the eval set the user names
+BASE_VALIDATION = "base_validation"  # the base variant's validation split
+TOKENIZER_STAGE_INPUT = "documents"
+
+
+@dataclass
+class Progress:
+    """What a call did, for the caller (and the tests' counted runs)."""
+
+    stages_run: list[tuple[str, str]] = field(default_factory=list)  # (variant, stage)
+    trainings_run: list[str] = field(default_factory=list)
+    trainings_skipped: list[str] = field(default_factory=list)
+
+
+def stage_runner(name: str) -> Callable[[PipelineConfig, list[DatasetRef], DatasetRef], Manifest]:
+    """A corpus stage's ``run(config, inputs, output)`` (its ``<package>.job`` module, as each __main__ uses)."""
+    module = importlib.import_module(f"{registered_stage(name).package}.job")
+    run: Callable[[PipelineConfig, list[DatasetRef], DatasetRef], Manifest] = module.run
+    return run
+
+
+def say(message: str) -> None:
+    print(f"ablate: {message}", file=sys.stderr, flush=True)
+
+
+def ensure_tokenizer(plan: Plan, config: PipelineConfig, first_output: DatasetRef | None) -> None:
+    """The one tokenizer of every variant: the named stored one, or one trained once on the base's unfiltered
+    documents (the source when it holds documents, else the base variant's first stage output) and stored."""
+    from pipeline.tokenization.store import load_stored, stored_names
+    from pipeline.tokenization.tokenizer_cli import train
+
+    root, corpus = config.project.data_root, config.project.corpus
+    if plan.spec.tokenizer is not None or plan.tokenizer in stored_names(root, corpus):
+        from pipeline.tokenization.store import resolve_reference
+
+        stored = resolve_reference(config, plan.tokenizer)
+        say(f"tokenizer {stored.corpus}/{stored.name} (digest {stored.digest})")
+        return
+    source = DatasetRef(root, corpus, plan.spec.source.stage, plan.spec.source.snapshot)
+    if not (source.path / TOKENIZER_STAGE_INPUT).is_dir():
+        if first_output is None:
+            raise StageFailure("no documents to train the ablation's tokenizer on")
+        source = first_output
+    say(f"training the shared tokenizer {plan.tokenizer} on {source.stage}/{source.snapshot}")
+    train(config, plan.tokenizer, [f"{corpus}:{source.snapshot}"], source.stage)
+    load_stored(root, corpus, plan.tokenizer)
+
+
+def run_corpus_stages(
+    plan: Plan, config_path: str | Path | None, overrides: list[str], progress: Progress
+) -> None:
+    base = load_config(config_path, [*overrides, f"tokenize.tokenizer={plan.tokenizer}"])
+    tokenizer_ready = False
+    by_variant = {variant.name: variant for variant in plan.spec.variants}
+    for step in plan.steps:
+        if step.stage == "tokenize" and not tokenizer_ready:
+            first = next(s.output for s in plan.steps if s.variant == plan.spec.base)
+            ensure_tokenizer(plan, base, first)
+            tokenizer_ready = True
+        if step.output.is_complete():
+            continue  # reused: another variant (or an earlier run) made this very output
+        config = variant_config(plan.spec, by_variant[step.variant], config_path, overrides)
+        say(f"{step.variant}: {step.stage} -> {step.output.snapshot}")
+        stage_runner(step.stage)(config, [step.input], step.output)
+        progress.stages_run.append((step.variant, step.stage))
+
+
+def final_documents(plan: Plan) -> dict[str, DatasetRef]:
+    """Per variant, the documents its tokenize stage read: what it trains on."""
+    found = {}
+    for variant in plan.spec.variants:
+        steps = [s for s in plan.steps if s.variant == variant.name]
+        found[variant.name] = next(s.input for s in steps if s.stage == "tokenize")
+    return found
+
+
+def tokenize_step(plan: Plan, variant: str) -> StageStep:
+    return next(s for s in plan.steps if s.variant == variant and s.stage == "tokenize")
+
+
+def prepare(
+    spec: AblationSpec, config_path: str | Path | None, overrides: list[str], progress: Progress | None = None
+) -> Plan:
+    """Corpus stages, tokenizer and held-out reference: everything before the trainings. Refuses a reference
+    that overlaps any variant's training documents, naming both, before any training starts."""
+    progress = progress or Progress()
+    plan = make_plan(spec, config_path, overrides)
+    run_corpus_stages(plan, config_path, overrides, progress)
+    digests = {
+        variant.name: tokenize_step(plan, variant.name).output.manifest().files["tokenizer.json"].sha256
+        for variant in spec.variants
+    }
+    if len(set(digests.values())) != 1:
+        raise StageFailure(f"the variants were tokenized with different tokenizers: {digests}")
+    texts = heldout.read_reference(spec.reference, spec.max_eval_documents)
+    heldout.refuse_overlaps(spec.reference, heldout.find_overlaps(texts, final_documents(plan)))
+    config = load_config(config_path, overrides)
+    folder = work_folder(config, spec)
+    base_tokens = tokenize_step(plan, spec.base).output
+    staging = folder / ".reference-staging"
+    if staging.exists():
+        import shutil
+
+        shutil.rmtree(staging)
+    heldout.write_reference_shards(
+        texts, base_tokens.path / "tokenizer.json", base_tokens.manifest().extra["eos_token"], staging
+    )
+    target = folder / REFERENCE
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    (folder / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    return plan
+
+
+def eval_streams(plan: Plan, config: PipelineConfig) -> dict[str, Path]:
+    from pipeline.tokenization.job import DESCRIBED_SPLIT
+
+    streams = {REFERENCE: work_folder(config, plan.spec) / REFERENCE}
+    validation = tokenize_step(plan, plan.spec.base).output.path / DESCRIBED_SPLIT
+    if any(validation.glob("*.idx")):
+        streams[BASE_VALIDATION] = validation
+    return streams
+
+
+def training_config(
+    plan: Plan, training: Training, config_path: str | Path | None, overrides: list[str]
+) -> PipelineConfig:
+    return load_config(config_path, [*overrides, *training_overrides(plan, training)])
+
+
+def evaluation_path(config: PipelineConfig, plan: Plan, training: Training) -> Path:
+    return work_folder(config, plan.spec) / "evaluations" / f"{training.run_id}.json"
+
+
+def train_and_evaluate(
+    plan: Plan,
+    training: Training,
+    config_path: str | Path | None,
+    overrides: list[str],
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """One training (skipped when complete) and its evaluation at every kept checkpoint (kept once done)."""
+    from pipeline.model.checkpoint import Checkpointer
+    from pipeline.train.launch import train
+
+    progress = progress or Progress()
+    config = training_config(plan, training, config_path, overrides)
+    output = DatasetRef.of(config, "train", training.tokens.snapshot, training.run_id)
+    if output.is_complete():
+        progress.trainings_skipped.append(training.key)
+    else:
+        say(
+            f"training {training.variant} seed {training.seed} ({plan.tokens:,} tokens) as run {training.run_id}"
+        )
+        train(
+            config,
+            training.tokens,
+            training.tokens.snapshot,
+            on_line=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        progress.trainings_run.append(training.key)
+    manifest = output.manifest()
+    path = evaluation_path(config, plan, training)
+    if path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("train_digest") == manifest.digest:
+            return dict(kept)
+    checkpoints = Checkpointer(output.path / "checkpoints")
+    streams = eval_streams(plan, config)
+    points = []
+    for step in checkpoints.steps():
+        losses = heldout.checkpoint_losses(
+            checkpoints.path_for(step), streams, plan.spec.max_eval_documents, config.evaluate.batch_size
+        )
+        points.append({"step": step, "tokens": step * plan.tokens_per_step, "losses": losses})
+    tokenize = training.tokens.manifest()
+    train_tokens = int(tokenize.counters["tokens"]["train"])
+    result = {
+        "variant": training.variant,
+        "seed": training.seed,
+        "run_id": training.run_id,
+        "train_path": str(output.path),
+        "train_digest": manifest.digest,
+        "mlflow_run_id": manifest.extra.get("mlflow_run_id"),
+        "tokens_seen": int(manifest.counters["tokens_seen"]),
+        "train_tokens_available": train_tokens,
+        "epochs": int(manifest.counters["tokens_seen"]) / train_tokens if train_tokens else None,
+        "points": points,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(temporary, path)
+    return result
+
+
+def run_ablation(
+    spec: AblationSpec, config_path: str | Path | None, overrides: list[str], progress: Progress | None = None
+) -> Manifest:
+    """The whole ablation, one training after another; returns the published comparison's manifest."""
+    from pipeline.ablate.compare import compare
+
+    progress = progress or Progress()
+    plan = prepare(spec, config_path, overrides, progress)
+    results = [train_and_evaluate(plan, t, config_path, overrides, progress) for t in plan.trainings]
+    return compare(plan, results, config_path, overrides)

@@ -1,0 +1,263 @@
+"""What an ablation compares: a source, named variants (config overrides for the corpus stages), seeds, a token
+budget and a fixed held-out reference; read from a YAML file and/or command-line flags, checked before any work.
+
+    name: recipe
+    source: {snapshot: 2026-11-29, stage: ingest}   # the corpus stages' input; one snapshot for now
+    base: none
+    variants:
+      none: preset                                  # a preset's overrides (PRESETS below)
+      rules: preset
+      rules+dedup: {}                               # the config as it is
+      strict: [clean.recipe=fineweb_strict]         # KEY=VALUE overrides, like --set
+    seeds: [0, 1]
+    tokens: 200000
+    eval_points: 4
+    reference: reference.jsonl                      # {"text": ...} per line, or .txt documents split by blank lines
+    tokenizer: null                                 # null: train one on the base source, stored for all variants
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from pipeline.core.config import ConfigError
+from pipeline.core.storage import validate_snapshot
+from pipeline.stages import CORPUS_SOURCES, downstream, group, stage
+
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
+ABLATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$")
+# One tokenizer for every variant: a variant that changed it would compare tokenizers, not data.
+FIXED_KEYS = ("tokenizer", "tokenize.tokenizer")
+
+# Every Gopher, C4 and FineWeb rule off: what a crawl gives before any quality filtering (language id and the
+# minimum length stay, as in every variant).
+_RULES_OFF = [
+    "clean.gopher_repetition={"
+    + ", ".join(
+        f"{key}: null"
+        for key in (
+            "max_dup_para_frac",
+            "max_dup_para_char_frac",
+            "max_dup_line_frac",
+            "max_dup_line_char_frac",
+            "max_top_2_gram_char_frac",
+            "max_top_3_gram_char_frac",
+            "max_top_4_gram_char_frac",
+            "max_dup_5_gram_char_frac",
+            "max_dup_6_gram_char_frac",
+            "max_dup_7_gram_char_frac",
+            "max_dup_8_gram_char_frac",
+            "max_dup_9_gram_char_frac",
+            "max_dup_10_gram_char_frac",
+        )
+    )
+    + "}",
+    "clean.gopher_quality={min_doc_words: null, max_doc_words: null, min_avg_word_length: null, "
+    "max_avg_word_length: null, max_symbol_word_ratio: null, max_bullet_lines_ratio: null, "
+    "max_ellipsis_lines_ratio: null, min_alpha_words_ratio: null, min_stop_words: null}",
+    "clean.c4={min_num_sentences: null, min_words_per_line: null, max_word_length: null, "
+    "filter_no_terminal_punct: false, filter_lorem_ipsum: false, filter_javascript: false, "
+    "filter_curly_bracket: false, filter_policy: false}",
+    "clean.fineweb={min_line_punct_ratio: null, max_short_line_ratio: null, max_char_dup_ratio: null, "
+    "max_newline_word_ratio: null}",
+]
+_DEDUP_OFF = ["dedup.url_dedup=false", "dedup.exact=false", "dedup.near=false"]
+PRESETS: dict[str, list[str]] = {
+    "none": [*_RULES_OFF, *_DEDUP_OFF],
+    "rules": list(_DEDUP_OFF),
+    "rules+dedup": [],
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the variants start: one snapshot of the stage whose output is clean's input (a crawl or an
+    ingest). ``kind`` is the seam for a weighted mixture of corpora and snapshots, once training reads one."""
+
+    snapshot: str
+    stage: str = "ingest"
+    kind: Literal["snapshot"] = "snapshot"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def slug(self) -> str:
+        """The name as a run id allows it (``rules+dedup`` -> ``rules_dedup``)."""
+        return self.name.replace("+", "_")
+
+
+@dataclass(frozen=True)
+class AblationSpec:
+    name: str
+    source: Source
+    variants: tuple[Variant, ...]
+    reference: Path
+    tokens: int
+    base: str = ""
+    seeds: tuple[int, ...] = (0, 1)
+    eval_points: int = 4
+    tokenizer: str | None = None
+    max_eval_documents: int = 200
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not ABLATION_NAME.fullmatch(self.name):
+            raise ConfigError(f"ablation name {self.name!r} must match {ABLATION_NAME.pattern}")
+        if self.source.stage not in CORPUS_SOURCES:
+            raise ConfigError(f"source.stage {self.source.stage!r}: one of {list(CORPUS_SOURCES)}")
+        validate_snapshot(self.source.snapshot)
+        if len(self.variants) < 2:
+            raise ConfigError("an ablation compares at least two variants (a base and one change)")
+        names = [variant.name for variant in self.variants]
+        for name in names:
+            if not VARIANT_NAME.fullmatch(name):
+                raise ConfigError(f"variant name {name!r} must match {VARIANT_NAME.pattern}")
+        slugs = [variant.slug for variant in self.variants]
+        if len(set(slugs)) != len(slugs):
+            raise ConfigError(f"variant names {names} are not distinct once '+' is written '_'")
+        if not self.base:
+            object.__setattr__(self, "base", names[0])
+        if self.base not in names:
+            raise ConfigError(f"base {self.base!r} is not one of the variants {names}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds {list(self.seeds)}: give distinct seeds, two or more for a noise floor")
+        if self.tokens <= 0:
+            raise ConfigError(f"tokens {self.tokens}: the token budget must be positive")
+        if not 1 <= self.eval_points <= 100:
+            raise ConfigError(f"eval_points {self.eval_points}: between 1 and 100")
+        allowed = variant_sections()
+        for variant in self.variants:
+            for override in variant.overrides:
+                key = override.partition("=")[0].strip()
+                if "=" not in override or not key:
+                    raise ConfigError(
+                        f"variant {variant.name}: {override!r} must look like section.key=value"
+                    )
+                if any(key == fixed or key.startswith(fixed + ".") for fixed in FIXED_KEYS):
+                    raise ConfigError(
+                        f"variant {variant.name}: {key} is the same for every variant (one tokenizer); "
+                        "name it for the whole ablation with `tokenizer:` instead"
+                    )
+                if key.split(".")[0] not in allowed:
+                    raise ConfigError(
+                        f"variant {variant.name}: {key} is not a corpus stage's setting; a variant may set "
+                        f"{sorted(allowed)} (training settings are the same for every variant)"
+                    )
+
+    @property
+    def base_variant(self) -> Variant:
+        return next(variant for variant in self.variants if variant.name == self.base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": {
+                "kind": self.source.kind,
+                "snapshot": self.source.snapshot,
+                "stage": self.source.stage,
+            },
+            "base": self.base,
+            "variants": {variant.name: list(variant.overrides) for variant in self.variants},
+            "seeds": list(self.seeds),
+            "tokens": self.tokens,
+            "eval_points": self.eval_points,
+            "reference": str(self.reference),
+            "tokenizer": self.tokenizer,
+            "max_eval_documents": self.max_eval_documents,
+        }
+
+
+def corpus_chain() -> list[str]:
+    """The corpus stages between a source and the token shards training reads, in order (from the registry)."""
+    return [entry.name for entry in downstream(CORPUS_SOURCES[0]) if entry in group("corpus", reports=False)]
+
+
+def variant_sections() -> set[str]:
+    """Config sections a variant may override: those of the corpus stages it runs."""
+    return {section for name in corpus_chain() for section in stage(name).sections}
+
+
+def _variant(name: str, value: Any) -> Variant:
+    if value == "preset" or (value is None and name in PRESETS):
+        if name not in PRESETS:
+            raise ConfigError(f"variant {name}: no preset of that name; the presets are {sorted(PRESETS)}")
+        return Variant(name, tuple(PRESETS[name]))
+    if value is None:
+        return Variant(name)
+    if isinstance(value, dict):
+        return Variant(name, tuple(f"{key}={json.dumps(item)}" for key, item in value.items()))
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return Variant(name, tuple(value))
+    raise ConfigError(
+        f"variant {name}: give 'preset', a mapping of keys to values or a list of KEY=VALUE, not {value!r}"
+    )
+
+
+def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec:
+    """An ``AblationSpec`` from a mapping as the YAML file holds it; ConfigError names what is wrong."""
+    known = {
+        "name",
+        "source",
+        "base",
+        "variants",
+        "seeds",
+        "tokens",
+        "eval_points",
+        "reference",
+        "tokenizer",
+        "max_eval_documents",
+    }
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"ablation spec: unknown keys {unknown}; known: {sorted(known)}")
+    for required in ("source", "variants", "reference", "tokens"):
+        if data.get(required) in (None, "", {}, []):
+            raise ConfigError(f"ablation spec: {required} is required")
+    source = data["source"]
+    if isinstance(source, str):
+        source = {"snapshot": source}
+    if not isinstance(source, dict) or "snapshot" not in source:
+        raise ConfigError("ablation spec: source needs a snapshot ({snapshot: NAME, stage: ingest})")
+    if source.get("kind", "snapshot") != "snapshot":
+        raise ConfigError("ablation spec: source.kind: only 'snapshot' for now (mixtures come later)")
+    variants = data["variants"]
+    if isinstance(variants, list):
+        variants = {name: None for name in variants}
+    if not isinstance(variants, dict):
+        raise ConfigError("ablation spec: variants is a mapping of names to overrides (or a list of presets)")
+    reference = Path(str(data["reference"]))
+    try:
+        return AblationSpec(
+            name=str(data.get("name") or "ablation"),
+            source=Source(snapshot=str(source["snapshot"]), stage=str(source.get("stage", "ingest"))),
+            variants=tuple(_variant(str(name), value) for name, value in variants.items()),
+            reference=reference if reference.is_absolute() else base_folder / reference,
+            tokens=int(data["tokens"]),
+            base=str(data.get("base") or ""),
+            seeds=tuple(int(seed) for seed in data.get("seeds", (0, 1))),
+            eval_points=int(data.get("eval_points", 4)),
+            tokenizer=data.get("tokenizer"),
+            max_eval_documents=int(data.get("max_eval_documents", 200)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"ablation spec: {exc}") from None
+
+
+def load_spec(path: Path) -> AblationSpec:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"ablation spec {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"ablation spec {path}: a mapping at the top level")
+    return parse_spec(data, path.parent)

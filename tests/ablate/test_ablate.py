@@ -1,0 +1,188 @@
+"""`pretrain ablate` end to end on the seeded constructed corpus (tests/ablate/corpus.py): real Spark stages
+in-process, real torchrun trainings of tiny proxies, real MLflow (SQLite). One ablation (3 variants x 2 seeds)
+is shared by the module's tests; reruns against it check reuse, resume and the overlap refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.ablate.heldout import ReferenceOverlapError
+from pipeline.ablate.plan import make_plan
+from pipeline.ablate.runner import Progress, prepare, run_ablation
+from pipeline.ablate.spec import parse_spec
+from pipeline.core.storage import DatasetRef
+from tests.ablate.corpus import PROXY, TOKENS, build
+from tests.conftest import make_config
+
+pytestmark = pytest.mark.slow
+SNAPSHOT = "crawl-1"
+
+
+def spec_for(reference: Path, name: str = "recipe"):
+    return parse_spec(
+        {
+            "name": name,
+            "source": {"snapshot": SNAPSHOT, "stage": "ingest"},
+            "base": "none",
+            "variants": ["none", "rules", "rules+dedup"],
+            "reference": str(reference),
+            "tokens": TOKENS,
+            "eval_points": 3,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory):
+    from pipeline.ingest import job as ingest_job
+
+    folder = tmp_path_factory.mktemp("ablate")
+    corpus = build(folder / "source", pages=300)
+    data = folder / "data"
+    overrides = [
+        f"project.data_root={data}",
+        "spark.master=local[2]",
+        "logging.console=false",
+        f"ingest.sources=[{corpus.corpus}]",
+        *PROXY,
+    ]
+    config = make_config(data, *overrides)
+    ingest_job.run(config, [], DatasetRef.of(config, "ingest", SNAPSHOT))
+    spec = spec_for(corpus.reference)
+    progress = Progress()
+    manifest = run_ablation(spec, None, overrides, progress)
+    comparison = json.loads((Path(manifest.path) / "comparison.json").read_text())
+    return {
+        "config": config,
+        "overrides": overrides,
+        "spec": spec,
+        "corpus": corpus,
+        "manifest": manifest,
+        "progress": progress,
+        "comparison": comparison,
+    }
+
+
+def test_variants_differing_only_in_dedup_share_one_clean_output(ablation):
+    plan = make_plan(ablation["spec"], None, ablation["overrides"])
+    snapshot = {(s.variant, s.stage): s.output.snapshot for s in plan.steps}
+    assert snapshot["rules", "clean"] == snapshot["rules+dedup", "clean"]
+    assert snapshot["rules", "dedup"] != snapshot["rules+dedup", "dedup"]
+    assert snapshot["none", "clean"] != snapshot["rules", "clean"]
+    ran = ablation["progress"].stages_run
+    # Counted runs: clean ran once per distinct identity (none, rules), every later stage once per variant.
+    assert [variant for variant, stage in ran if stage == "clean"] == ["none", "rules"]
+    assert [variant for variant, stage in ran if stage == "dedup"] == ["none", "rules", "rules+dedup"]
+    # Apart from the source: no variant wrote under the source snapshot's own name.
+    config = ablation["config"]
+    for stage in ("clean", "dedup", "tokenize"):
+        assert not DatasetRef.of(config, stage, SNAPSHOT).path.exists()
+        assert all(name.startswith(f"{SNAPSHOT}.ab-") for name in plan.variant_outputs["none"].values())
+
+
+def test_every_variant_trains_on_the_same_tokens_and_reports_its_epochs(ablation):
+    comparison = ablation["comparison"]
+    tokens = comparison["tokens"]
+    assert tokens >= TOKENS and tokens == comparison["train_steps"] * comparison["tokens_per_step"]
+    for name, entry in comparison["variants"].items():
+        assert set(entry["tokens_seen"].values()) == {tokens}, name
+        tokenize = DatasetRef.of(ablation["config"], "tokenize", entry["snapshot"]).manifest()
+        available = tokenize.counters["tokens"]["train"]
+        assert entry["train_tokens_available"] == available
+        assert entry["epochs"] == pytest.approx(tokens / available)
+    variants = comparison["variants"]
+    # The filtered variants have fewer tokens, so repeat more: the recipe had to repeat its data.
+    assert (
+        variants["none"]["documents"] > variants["rules"]["documents"] > variants["rules+dedup"]["documents"]
+    )
+    assert variants["none"]["epochs"] < 1 < variants["rules+dedup"]["epochs"]
+
+
+def test_the_recipe_beats_no_filtering_by_more_than_the_seed_spread(ablation):
+    variants = ablation["comparison"]["variants"]
+    none, recipe = variants["none"]["eval"]["reference"], variants["rules+dedup"]["eval"]["reference"]
+    margin = none["mean"] - recipe["mean"]
+    spread = max(none["spread"], recipe["spread"])
+    assert margin > spread, (margin, spread)
+    assert variants["rules+dedup"]["verdict"]["reference"]["verdict"] == "better"
+    # Eval loss at several points: one per kept checkpoint, over increasing tokens.
+    curve = variants["rules+dedup"]["curves"]["reference"]
+    assert len(curve) >= 3 and [p["tokens"] for p in curve] == sorted(p["tokens"] for p in curve)
+
+
+def test_a_rerun_skips_every_finished_stage_and_training(ablation):
+    progress = Progress()
+    run_ablation(ablation["spec"], None, ablation["overrides"], progress)
+    assert progress.stages_run == [] and progress.trainings_run == []
+    assert len(progress.trainings_skipped) == 6
+    plan = make_plan(ablation["spec"], None, ablation["overrides"])
+    assert {step.action for step in plan.steps} == {"reuse", "shared"}
+
+
+def test_a_reference_that_overlaps_training_data_is_refused_naming_both(ablation, tmp_path):
+    rows = [json.loads(line) for line in ablation["corpus"].corpus.read_text().splitlines()]
+    leaked = next(row for row in rows if row["kind"] == "clean")
+    reference = tmp_path / "leaky.jsonl"
+    original = ablation["corpus"].reference.read_text()
+    reference.write_text(original + json.dumps({"text": leaked["text"]}) + "\n")
+    with pytest.raises(ReferenceOverlapError) as refused:
+        prepare(spec_for(reference, name="leaky"), None, ablation["overrides"])
+    message = str(refused.value)
+    index = len(original.splitlines())
+    assert f"reference document {index}" in message and str(reference) in message
+    assert "variant none" in message and leaked["url"] in message
+
+
+def test_dry_run_prints_the_plan(ablation, capsys):
+    from pipeline.ablate.__main__ import main
+
+    corpus = ablation["corpus"]
+    args = ["--snapshot", SNAPSHOT, "--name", "recipe", "--reference", str(corpus.reference)]
+    args += ["--tokens", str(TOKENS), "--eval-points", "3", "--base", "none"]
+    args += ["--variant", "none", "--variant", "rules", "--variant", "rules+dedup"]
+    args += [arg for override in ablation["overrides"] for arg in ("--set", override)]
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "0 to run" in out and "trainings: 6" in out
+    assert out.count("(done)") == 6
+
+
+def test_mlflow_has_a_parent_run_with_a_child_per_variant_and_seed(ablation):
+    from pipeline.tracking.mlflow_runs import mlflow_client
+
+    client = mlflow_client(ablation["config"])
+    parent = ablation["manifest"].extra["mlflow_run_id"]
+    assert parent
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"
+    )
+    assert sorted((c.data.params["variant"], c.data.params["seed"]) for c in children) == [
+        (variant, str(seed)) for variant in ("none", "rules", "rules+dedup") for seed in (0, 1)
+    ]
+    history = client.get_metric_history(children[0].info.run_id, "eval_loss_reference")
+    assert len(history) >= 3
+
+
+def test_the_report_opens_in_a_browser_with_every_plot_loaded(ablation):
+    from scripts.fetch_chromium import ChromiumUnavailable, environment, fetch
+    from tests.headless_chromium import HeadlessChromium
+
+    try:
+        chromium = fetch()
+    except ChromiumUnavailable as error:
+        pytest.skip(f"no headless Chromium: {error}")
+    report = Path(ablation["manifest"].path) / "report.html"
+    with HeadlessChromium(chromium, environment(chromium)) as browser:
+        page = browser.open(report.as_uri())
+        images = page.evaluate(
+            "[...document.images].map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
+        )
+        headings = page.evaluate("[...document.querySelectorAll('h1, h2')].map(h => h.innerText)")
+        text = page.evaluate("document.body.innerText")
+    assert len(images) == report.read_text().count("<img") == 2
+    assert all(image["complete"] and image["width"] > 0 for image in images), images
+    assert headings[0] == "Ablation: recipe" and {"Comparison", "Curves", "Variants"} <= set(headings)
+    assert "rules+dedup" in text and "better" in text and "noise floor" in text

@@ -1,0 +1,53 @@
+"""The ablation spec's checks and the stage-equality rule, without Spark or training."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.ablate.plan import stage_identity
+from pipeline.ablate.spec import PRESETS, corpus_chain, parse_spec
+from pipeline.config import load_config
+from pipeline.core.config import ConfigError
+
+
+def spec(**changes):
+    data = {"source": "s1", "variants": ["none", "rules+dedup"], "reference": "ref.jsonl", "tokens": 1000}
+    return parse_spec({**data, **changes})
+
+
+def test_presets_and_defaults():
+    made = spec()
+    assert made.base == "none" and made.seeds == (0, 1)
+    assert made.variants[0].overrides == tuple(PRESETS["none"])
+    assert made.variants[1].slug == "rules_dedup"
+    assert corpus_chain() == ["clean", "dedup", "classify", "decontaminate", "tokenize"]
+    for variant in PRESETS:  # every preset is a valid config
+        load_config(None, PRESETS[variant], environ={})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"variants": {"a": ["tokenize.tokenizer=x"], "b": []}}, "same for every variant"),
+        ({"variants": {"a": ["train.lr=1"], "b": []}}, "not a corpus stage's setting"),
+        ({"variants": {"a b": [], "b": []}}, "variant name"),
+        ({"variants": ["none"]}, "at least two variants"),
+        ({"base": "other"}, "is not one of the variants"),
+        ({"seeds": [1, 1]}, "distinct seeds"),
+        ({"variants": {"odd": "preset", "b": []}}, "no preset"),
+        ({"tokens": 0}, "token budget"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_problem(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        spec(**changes)
+
+
+def test_a_stage_identity_depends_on_its_own_sections_and_input_only():
+    base = load_config(None, [], environ={})
+    dedup_changed = load_config(None, ["dedup.threshold=0.7"], environ={})
+    clean_changed = load_config(None, ["clean.min_chars=10"], environ={})
+    assert stage_identity(base, "clean", "src") == stage_identity(dedup_changed, "clean", "src")
+    assert stage_identity(base, "dedup", "x") != stage_identity(dedup_changed, "dedup", "x")
+    assert stage_identity(base, "clean", "src") != stage_identity(clean_changed, "clean", "src")
+    assert stage_identity(base, "dedup", "x") != stage_identity(base, "dedup", "y")
