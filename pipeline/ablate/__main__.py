@@ -26,7 +26,7 @@ from typing import Any
 from pipeline.ablate.spec import PRESETS, AblationSpec, parse_spec
 from pipeline.core.arguments import ArgumentParser
 from pipeline.core.cli import run_cli
-from pipeline.core.config import ConfigError, _read_yaml_file
+from pipeline.core.config import ConfigError, read_yaml_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_arguments(args: argparse.Namespace) -> AblationSpec:
-    data: dict[str, Any] = dict(_read_yaml_file(args.spec)) if args.spec else {}
+    data: dict[str, Any] = dict(read_yaml_file(args.spec)) if args.spec else {}
     source = data.get("source") or {}
     source = {"snapshot": source} if isinstance(source, str) else dict(source)
     if args.snapshot:

@@ -150,7 +150,7 @@ def plot_final(comparison: dict[str, Any], path: Path) -> None:
 
 
 def page(comparison: dict[str, Any], plots: list[Path]) -> str:
-    from pipeline.quality.page import _STYLE, _image, _table
+    from pipeline.quality.page import PAGE_STYLE, image_html, table_html
 
     sets = comparison["eval_sets"]
     header = [
@@ -188,15 +188,15 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
     ]
     title = html.escape(comparison["name"])
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8">
-<title>Ablation: {title}</title><style>{_STYLE}</style></head><body>
+<title>Ablation: {title}</title><style>{PAGE_STYLE}</style></head><body>
 <h1>Ablation: {title}</h1>
 <p>Source {html.escape(comparison["source"]["stage"])}/{html.escape(comparison["source"]["snapshot"])}; every
 variant trained on {comparison["tokens"]:,} tokens ({comparison["train_steps"]} steps) with seeds
 {html.escape(str(comparison["seeds"]))} and tokenizer {html.escape(comparison["tokenizer"])}.</p>
-<h2>Comparison</h2>{_table(header, rows)}
+<h2>Comparison</h2>{table_html(header, rows)}
 <p><b>Rule.</b> {html.escape(comparison["rule"])}.</p>
-<h2>Curves</h2>{"".join(_image(path, wide=True) for path in plots)}
-<h2>Variants</h2>{_table(["variant", "overrides"], overrides)}
+<h2>Curves</h2>{"".join(image_html(path, wide=True) for path in plots)}
+<h2>Variants</h2>{table_html(["variant", "overrides"], overrides)}
 </body></html>
 """
 

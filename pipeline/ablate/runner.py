@@ -197,7 +197,7 @@ def train_and_evaluate(
         )
         train(
             config,
-            training.tokens,
+            [training.tokens],
             training.tokens.snapshot,
             on_line=lambda line: print(line, file=sys.stderr, flush=True),
         )

@@ -384,7 +384,7 @@ def _format_validation_error(error: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def _read_yaml_file(path: Path) -> dict[str, Any]:
+def read_yaml_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -416,7 +416,7 @@ def load_tree(
     sources: dict[str, str] = {}  # dotted key -> where its value came from, for errors
     if path is not None:
         path = Path(path)
-        for dotted, value in _file_settings(_read_yaml_file(path), schema):
+        for dotted, value in _file_settings(read_yaml_file(path), schema):
             _set_dotted(tree, schema, dotted, value, source=str(path))
             sources[dotted] = str(path)
     environ = os.environ if environ is None else environ

@@ -108,13 +108,13 @@ def _cell(value: Any) -> str:
     return f"<td>{html.escape(str(value))}</td>"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table_html(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _image(path: Path | None, wide: bool = False) -> str:
+def image_html(path: Path | None, wide: bool = False) -> str:
     if path is None:
         return ""
     data = base64.b64encode(path.read_bytes()).decode()
@@ -148,7 +148,7 @@ def _trend_rows(trend: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     return [[r["metric"], r["value"], r["previous"], r["delta"], arrow(r)] for r in trend]
 
 
-_STYLE = (
+PAGE_STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:1200px}td,th{padding:2px 10px;text-align:left}"
     "td.num{text-align:right;font-variant-numeric:tabular-nums}td.na{color:#999}"
     "img{max-width:48%;margin:4px;vertical-align:top}img.wide{max-width:96%}.fail{background:#fde2e1;padding:4px 12px}"
@@ -188,7 +188,7 @@ def _filtering_section(metrics: Mapping[str, Any], images: Mapping[str, Path | N
         ]
         for name, record in classifiers.items()
     ]
-    plots = "".join(_image(images.get(f"scores_{name}")) for name in classifiers)
+    plots = "".join(image_html(images.get(f"scores_{name}")) for name in classifiers)
     set_rows = [
         [
             name,
@@ -201,8 +201,8 @@ def _filtering_section(metrics: Mapping[str, Any], images: Mapping[str, Path | N
     ]
     return f"""<section><h2>Classifiers and decontamination</h2><small>Scores are of every document the classify
 stage read, kept or dropped, per language; the dashed line is the cut. Choose a threshold where the histogram says.</small>
-{_table(["model", "kind", "source", "sha256", "selection", "dropped", "passed through (by language)"], rows)}{plots}
-{_table(["evaluation set", "kind", "items", "n-grams", "documents dropped"], set_rows)}</section>"""
+{table_html(["model", "kind", "source", "sha256", "selection", "dropped", "passed through (by language)"], rows)}{plots}
+{table_html(["evaluation set", "kind", "items", "n-grams", "documents dropped"], set_rows)}</section>"""
 
 
 def write_page(
@@ -250,32 +250,32 @@ def write_page(
     ]
     compared = (
         f"<p>Compared with snapshot <b>{html.escape(previous)}</b>.</p>"
-        + _table(["metric", "this snapshot", "previous", "change", ""], _trend_rows(trend))
+        + table_html(["metric", "this snapshot", "previous", "change", ""], _trend_rows(trend))
         if previous
         else "<p>No earlier snapshot of this corpus to compare with yet.</p>"
     )
     sampled = metrics.get("sampled_documents")
     pairwise = metrics.get("pairwise_docs")
     page = f"""<!DOCTYPE html><html><head><meta charset='utf-8'>
-<title>Data quality: {html.escape(snapshot)}</title><style>{_STYLE}</style></head><body>
+<title>Data quality: {html.escape(snapshot)}</title><style>{PAGE_STYLE}</style></head><body>
 <h1>Data quality report: {html.escape(snapshot)}</h1>
 <p>{metrics.get("documents", 0):,} documents, {metrics.get("characters", 0):,} characters;
 sample of {sampled} documents (pairwise metrics on {pairwise}), seed {metrics.get("seed")}.</p>
 {_gate(metrics.get("gate"))}{_warnings(warnings)}
 <section><h2>Subjects</h2><small>Each sampled document goes to the subject whose prototype texts it is
 closest to (embedding cosine); "unassigned" when no subject is close or two are tied.</small>
-{_table(["subject", "documents", "share", "mean margin"], subject_rows)}{_image(images.get("subjects"))}</section>
-<section><h2>Diversity</h2>{_table(["metric", "value", "meaning"], diversity)}
-{_image(images.get("compression"))}{_image(images.get("embeddings"))}</section>
-<section><h2>Drop funnel</h2>{_table(["stage", "step", "documents", "characters"], funnel_rows)}{_image(images.get("funnel"))}
-<p>Clean, per language:</p>{_table(["language", "kept", "dropped"], language_rows)}
+{table_html(["subject", "documents", "share", "mean margin"], subject_rows)}{image_html(images.get("subjects"))}</section>
+<section><h2>Diversity</h2>{table_html(["metric", "value", "meaning"], diversity)}
+{image_html(images.get("compression"))}{image_html(images.get("embeddings"))}</section>
+<section><h2>Drop funnel</h2>{table_html(["stage", "step", "documents", "characters"], funnel_rows)}{image_html(images.get("funnel"))}
+<p>Clean, per language:</p>{table_html(["language", "kept", "dropped"], language_rows)}
 <p>PII redacted in the kept documents (replaced by placeholders, not dropped): {html.escape(pii)}.</p></section>
 {filtering}
-<section><h2>Across snapshots</h2>{compared}{_image(images.get("trends"), wide=True)}</section>
+<section><h2>Across snapshots</h2>{compared}{image_html(images.get("trends"), wide=True)}</section>
 <section><h2>Hosts</h2><small>The web host of each document (not its subject).</small>
-{_image(images.get("hosts"))}{_image(images.get("lengths"))}
-{_table(["host", "documents", "characters"], host_rows)}</section>
-<section><h2>Metrics</h2>{_table(["metric", "value"], other)}</section>
+{image_html(images.get("hosts"))}{image_html(images.get("lengths"))}
+{table_html(["host", "documents", "characters"], host_rows)}</section>
+<section><h2>Metrics</h2>{table_html(["metric", "value"], other)}</section>
 </body></html>
 """
     path.write_text(page)
