@@ -467,9 +467,10 @@ def plot(sizes: list[int], results: dict[int, dict[str, dict]], path: Path) -> N
     for stage in STAGES:
         for axis, key in zip(axes, ("wall_s", "cpu_s"), strict=True):
             axis.plot(sizes, [results[s][stage][key] for s in sizes], marker="o", label=stage)
-    for axis, title in zip(axes, ("wall time, s", "CPU time (driver, JVM, workers), s"), strict=True):
+    titles = {"wall_s": "wall time, s", "cpu_s": "CPU time (driver, JVM, workers), s"}
+    for axis, (key, title) in zip(axes, titles.items(), strict=True):
         reference = [sizes[0], sizes[-1]]
-        start = min(results[sizes[0]][stage]["wall_s"] for stage in STAGES)
+        start = min(results[sizes[0]][stage][key] for stage in STAGES)
         axis.plot(reference, [start, start * sizes[-1] / sizes[0]], "k:", label="linear")
         axis.set(xscale="log", yscale="log", xlabel="documents", title=title)
         axis.grid(True, which="both", alpha=0.3)

@@ -6,10 +6,12 @@ within a deadline, from the per-core throughput ``benchmarks/scale.py`` measured
 
 The model (docs/scaling-out.md says what is measured and what is extrapolated):
 
-* **Work.** A stage's CPU seconds per document at the largest measured size (driver, JVM and Python
-  workers together; on 2 cores, so per-core speed is this machine's), grown to N documents by the stage's
-  measured cost exponent, never below 1 (an exponent under 1 at small sizes is start-up cost being amortised,
-  not a promise).
+* **Work.** A stage's CPU seconds (driver, JVM and Python workers together, so per-core speed is this
+  machine's) split into a fixed part (JVM and worker start-up, session, model loading) and a part per
+  document, from the two smallest sizes: per document = the difference of their CPU seconds over the
+  difference of their sizes. With a third size, the per-document part's growth between the two largest is
+  its exponent (never below 1); with two sizes the exponent is 1, and unmeasured. At N documents:
+  fixed + (per-document part at the largest size) x (N / largest) ^ exponent.
 * **Cores.** The stages run one after another; each gets a share of the deadline in proportion to its work.
   Cores = CPU seconds x skew / seconds available, rounded up. ``--skew`` (default 1.5) covers stragglers,
   uneven partitions and task retries; ``--core-speed`` scales for cores faster or slower than this machine's.
@@ -34,18 +36,36 @@ LOCAL_CORES = 2  # the measurements ran on local[2]
 MEMORY_RESERVE = 1.4
 
 
+def cost_model(figures: dict, stage: str) -> tuple[float, float, float | None]:
+    """(fixed CPU seconds, CPU seconds per document, exponent of the per-document part or None)."""
+    sizes = figures["sizes"]
+    cpu = [figures["per_size"][str(size)][stage]["cpu_s"] for size in sizes]
+    per_document = (cpu[1] - cpu[0]) / (sizes[1] - sizes[0])
+    if per_document <= 0:  # within the measurement's noise: all of it counted per document
+        return 0.0, cpu[-1] / sizes[-1], None
+    fixed = max(0.0, cpu[0] - per_document * sizes[0])
+    if len(sizes) < 3:
+        return fixed, per_document, None
+    grown = (cpu[-1] - fixed) / (cpu[-2] - fixed)
+    return fixed, per_document, math.log(grown) / math.log(sizes[-1] / sizes[-2])
+
+
 def stage_needs(figures: dict, stage: str, documents: float, core_speed: float) -> dict:
     sizes = figures["sizes"]
     largest = sizes[-1]
     measured = figures["per_size"][str(largest)][stage]
-    exponent = max(1.0, figures[f"cpu_exponent_{stage}"])
-    cpu_s = measured["cpu_s"] * (documents / largest) ** exponent / core_speed
+    fixed, per_document, measured_exponent = cost_model(figures, stage)
+    exponent = max(1.0, measured_exponent or 1.0)
+    at_largest = max(measured["cpu_s"] - fixed, per_document * largest)
+    cpu_s = (fixed + at_largest * (documents / largest) ** exponent) / core_speed
     peaks = measured["peak_mb"]
     per_core_mb = (peaks.get("worker", 0.0) + measured["jvm_heap_peak_mb"] / LOCAL_CORES) * MEMORY_RESERVE
     return {
         "measured_docs": largest,
         "measured_cpu_s": measured["cpu_s"],
-        "docs_per_core_s": round(largest / measured["cpu_s"] * core_speed, 1),
+        "fixed_cpu_s": round(fixed, 1),
+        "docs_per_core_s": round(core_speed / per_document, 1),
+        "exponent_measured": None if measured_exponent is None else round(measured_exponent, 3),
         "exponent_used": round(exponent, 3),
         "cpu_hours": cpu_s / 3600,
         "memory_per_core_gb": round(per_core_mb / 1024, 2),
@@ -80,14 +100,12 @@ def show(result: dict) -> None:
         f"{result['documents']:,.0f} documents in {result['deadline_hours']:g} h "
         f"(skew {result['skew']:g}, core speed {result['core_speed']:g}x this machine's):"
     )
-    header = (
-        f"{'stage':<14}{'docs/core-s':>12}{'exp.':>7}{'CPU h':>11}{'wall h':>8}{'cores':>8}{'GB/core':>9}"
-    )
-    print(header + f"{'shuffle TB':>12}{'output TB':>11}")
+    header = f"{'stage':<14}{'fixed s':>8}{'docs/core-s':>12}{'exp.':>6}{'CPU h':>9}{'wall h':>8}{'cores':>7}"
+    print(header + f"{'GB/core':>9}{'shuffle TB':>12}{'output TB':>11}")
     for name, s in result["stages"].items():
         print(
-            f"{name:<14}{s['docs_per_core_s']:>12,.0f}{s['exponent_used']:>7.2f}{s['cpu_hours']:>11,.0f}"
-            f"{s['wall_hours']:>8.2f}{s['cores']:>8,}{s['memory_per_core_gb']:>9.2f}"
+            f"{name:<14}{s['fixed_cpu_s']:>8.0f}{s['docs_per_core_s']:>12,.0f}{s['exponent_used']:>6.2f}"
+            f"{s['cpu_hours']:>9,.0f}{s['wall_hours']:>8.2f}{s['cores']:>7,}{s['memory_per_core_gb']:>9.2f}"
             f"{s['shuffle_tb']:>12.2f}{s['output_tb']:>11.2f}"
         )
     print(
