@@ -3,8 +3,11 @@ through `pretrain train` (torchrun, 2 ranks, resuming a 1-rank run stopped part 
 and reported; the model card, run.json, the MLflow run and the registered version list every input.
 
 The crawl's first snapshot is the real crawl -> clean -> tokenize output of the bundled site (the session's
-``sample_corpus``, copied); the other four are generated text encoded with that snapshot's tokenizer files,
-as the tokenize stage encodes every snapshot of a corpus with its stored tokenizer (tested on its own in
+``sample_corpus``, copied, with the tokenizer its tokenize stage stored). The ingest corpus's first snapshot
+is made by the corpus stages from a JSONL file (ingest, clean, dedup, classify, decontaminate, tokenize), its
+tokenize told to use the crawl corpus's stored tokenizer (``tokenize.tokenizer=site/NAME``), as a second
+corpus shares a first one's. The other three are generated text encoded with that tokenizer's files, as the
+tokenize stage encodes every snapshot of a corpus with its stored tokenizer (tested on its own in
 tests/tokenization/test_shared_tokenizer.py), so all five carry one tokenizer digest.
 """
 
@@ -52,19 +55,68 @@ SETTINGS = (
 )
 
 
+def ingested_snapshot(config, crawled_config, crawled: str, tokenizer: str, tmp_path) -> DatasetRef:
+    """books/2026-11-01 through every corpus stage from a JSONL file of the crawl's cleaned pages."""
+    import pyarrow.parquet as pq
+
+    from pipeline.classify import job as classify_job
+    from pipeline.clean import job as clean_job
+    from pipeline.decontaminate import job as decontaminate_job
+    from pipeline.dedup import job as dedup_job
+    from pipeline.ingest import job as ingest_job
+    from pipeline.tokenization import job as tokenize_job
+    from tests.conftest import make_config
+
+    pages = pq.read_table(
+        DatasetRef.of(crawled_config, "clean", crawled).path / "documents", columns=["text"]
+    )
+    source = tmp_path / "books.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"id": f"book-{i}", "text": text}) + "\n"
+            for i, text in enumerate(pages["text"].to_pylist())
+        )
+    )
+    books = make_config(
+        config.project.data_root,
+        f"project.corpus={INGEST}",
+        f"ingest.sources=[{source}]",
+        "ingest.id_column=id",
+        f"tokenize.tokenizer={CRAWL}/{tokenizer}",
+    )
+    ref = lambda stage: DatasetRef.of(books, stage, "2026-11-01")  # noqa: E731
+    ingest_job.run(books, [], ref("ingest"))
+    clean_job.run(books, [ref("ingest")], ref("clean"))
+    dedup_job.run(books, [ref("clean")], ref("dedup"))
+    classify_job.run(books, [ref("dedup")], ref("classify"))
+    decontaminate_job.run(books, [ref("classify")], ref("decontaminate"))
+    tokenize_job.run(books, [ref("decontaminate")], ref("tokenize"))
+    return ref("tokenize")
+
+
 @pytest.fixture
 def five_snapshots(sample_corpus, tmp_path):
-    """site/{fixture, 2026-11-02, 2026-11-03} and books/{2026-11-01, 2026-11-02}, one tokenizer."""
+    """site/{fixture, 2026-11-02, 2026-11-03} and books/{2026-11-01 (ingested), 2026-11-02}, one tokenizer."""
+    from pipeline.tokenization import store
+
     crawled_config, crawled = sample_corpus
     config = train_config(tmp_path / "data", *SETTINGS)
     real = DatasetRef.of(crawled_config, "tokenize", crawled)
     copy = DatasetRef(config.project.data_root, CRAWL, "tokenize", crawled)
     shutil.copytree(real.path, copy.path)  # the manifest still names its crawl's clean output upstream
-    made = [copy]
+    crawled_root, crawled_corpus = crawled_config.project.data_root, crawled_config.project.corpus
+    tokenizer = store.default_name(crawled_root, crawled_corpus)
+    assert tokenizer is not None  # the sample's tokenize stored its corpus's first tokenizer
+    shutil.copytree(  # a stored tokenizer is files and a manifest, never changed: a copy is the same one
+        store.tokenizer_ref(crawled_root, crawled_corpus, tokenizer).path,
+        store.tokenizer_ref(config.project.data_root, CRAWL, tokenizer).path,
+    )
+    ingested = ingested_snapshot(config, crawled_config, crawled, tokenizer, tmp_path)
+    assert store.manifest_digest(ingested.manifest()) == store.manifest_digest(real.manifest())
+    made = [copy, ingested]
     for corpus, snapshot, seed in [
         (CRAWL, "2026-11-02", 2),
         (CRAWL, "2026-11-03", 3),
-        (INGEST, "2026-11-01", 4),
         (INGEST, "2026-11-02", 5),
     ]:
         made.append(
