@@ -44,7 +44,19 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.evaluate": STAGE_BASE
     | {"pipeline.data", "pipeline.export", "pipeline.model", "pipeline.tokenization"},
     "pipeline.report": STAGE_BASE | {"pipeline.tracking"},
+    # Ablations drive whole stage chains and training, then score the trained models.
+    "pipeline.ablate": STAGE_BASE
+    | {
+        "pipeline.data",
+        "pipeline.evaluate",
+        "pipeline.model",
+        "pipeline.quality",
+        "pipeline.tokenization",
+        "pipeline.tracking",
+        "pipeline.train",
+    },
     "operators": {
+        "pipeline.ablate",
         "pipeline.core",
         "pipeline.stages",
         "pipeline.config",
