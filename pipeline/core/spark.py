@@ -112,11 +112,13 @@ def stderr_without(noise: tuple[bytes, ...]) -> Iterator[None]:
         os.dup2(real, 2)  # this process writes to its stderr again; the children keep the pipe
 
 
-def log_progress(context, interval_s: float = PROGRESS_INTERVAL_S) -> None:
-    """Log the running Spark stages' task counts every ``interval_s`` while they change, from a thread that
-    ends with the context: the console progress bar's news, as lines a task log can hold."""
+def log_progress(context, interval_s: float | None = None) -> None:
+    """Log the running Spark stages' task counts every ``interval_s`` (default ``PROGRESS_INTERVAL_S``, read at
+    call time) while they change, from a thread that ends with the context: the console progress bar's news, as
+    lines a task log can hold."""
     if getattr(context, "_pipeline_progress", None) is not None:
         return
+    interval_s = PROGRESS_INTERVAL_S if interval_s is None else interval_s
 
     def watch() -> None:
         shown = None

@@ -80,14 +80,36 @@ def test_write_parquet_bytes_depend_on_the_rows_only_and_an_empty_dataset_has_on
 
 
 SESSION_SCRIPT = """
-import logging, sys
+import logging, pathlib, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="LOG %(name)s %(message)s")
 import pipeline.core.spark as spark
 spark.PROGRESS_INTERVAL_S = 0.2
+seen = pathlib.Path("progress-seen").resolve()
+
+
+class Signal(logging.Handler):
+    def emit(self, record):
+        if "tasks" in record.getMessage():
+            seen.touch()
+
+
+logging.getLogger("pipeline.core.spark").addHandler(Signal())
 from pipeline.config import load_config
 session = spark.spark_session(load_config(environ={}), "quiet")
-# Enough tasks that a 0.2 s look finds some running, each slow enough (a Python pass) to be seen.
-rows = session.range(0, 64, numPartitions=16).rdd.map(lambda r: __import__("time").sleep(0.3) or r).count()
+
+
+def wait_for_the_progress_line(row):
+    # Each task runs until the driver has logged a progress line (the signal), or gives up after 5 minutes.
+    import pathlib, time
+    for _ in range(3000):
+        if pathlib.Path(SEEN).exists():
+            break
+        time.sleep(0.1)
+    return row
+
+
+SEEN = str(seen)
+rows = session.range(0, 64, numPartitions=16).rdd.map(wait_for_the_progress_line).count()
 print("rows", rows)
 session.stop()
 """
