@@ -28,6 +28,7 @@ from typing import Any
 from pipeline.ablate.spec import AblationSpec, Variant, corpus_chain
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.lineage import code_version
+from pipeline.core.snapshots import variant_snapshot
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
 
@@ -180,7 +181,7 @@ def make_plan(spec: AblationSpec, config_path: str | Path | None, overrides: lis
         outputs[variant.name] = {}
         for name in corpus_chain():
             identity = stage_identity(vconfig, name, identity)
-            output = DatasetRef(root, corpus, name, f"{spec.source.snapshot}.ab-{identity}")
+            output = DatasetRef(root, corpus, name, variant_snapshot(spec.source.snapshot, identity))
             action = "shared" if identity in planned else ("reuse" if output.is_complete() else "run")
             planned.add(identity)
             steps.append(StageStep(variant.name, name, identity, upstream, output, action))

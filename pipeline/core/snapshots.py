@@ -13,6 +13,9 @@ A selection is a list of names or one string:
 Name order is plain string order, the same in Python and Spark. Which names exist (and are complete) is the
 caller's business: ``select`` picks among the names it is given, and ``missing`` says which explicitly named
 ones are not among them.
+
+An ablation variant's outputs are snapshots too, named ``<snapshot>.ab-<identity>`` (``variant_snapshot``);
+listings (``snapshot_folders``) leave them out, so no selection, dedup history or held-out set picks one up.
 """
 
 from __future__ import annotations
@@ -27,6 +30,21 @@ from pipeline.core.storage import SNAPSHOT_PATTERN, DatasetRef, local_path
 Kind = Literal["all", "last", "range", "glob", "names"]
 RANGE_SEPARATOR = ".."
 GLOB_CHARACTERS = "*?["
+VARIANT_MARK = ".ab-"
+
+
+def variant_snapshot(snapshot: str, identity: str) -> str:
+    """Where an ablation variant of ``snapshot`` writes (pipeline.ablate.plan): never the snapshot itself."""
+    return f"{snapshot}{VARIANT_MARK}{identity}"
+
+
+def base_snapshot(name: str) -> str:
+    """The snapshot a variant's name derives from; a plain snapshot's own name."""
+    return name.partition(VARIANT_MARK)[0]
+
+
+def is_variant(name: str) -> bool:
+    return VARIANT_MARK in name
 
 
 @dataclass(frozen=True)
@@ -114,12 +132,14 @@ def _check_name(name: object, spec: object) -> None:
 
 def snapshot_folders(root: str, corpus: str, stage: str) -> list[str]:
     """Names of the snapshot folders under ``<root>/<corpus>/<stage>/``, complete or not, in name order
-    (staging folders, locks and anything not named like a snapshot are left out)."""
+    (staging folders, locks, ablation variants and anything not named like a snapshot are left out)."""
     folder = local_path(root) / corpus / stage
     if not folder.is_dir():
         return []
     return sorted(
-        entry.name for entry in folder.iterdir() if entry.is_dir() and SNAPSHOT_PATTERN.fullmatch(entry.name)
+        entry.name
+        for entry in folder.iterdir()
+        if entry.is_dir() and SNAPSHOT_PATTERN.fullmatch(entry.name) and not is_variant(entry.name)
     )
 
 

@@ -17,8 +17,8 @@ class EvalSet(Section):
     name: str = Field(pattern=SET_NAME, description="drop reason contaminated:<name>")
     kind: Literal["heldout", "lm_eval", "file"] = Field(
         "file",
-        description="heldout: this corpus's own validation documents and held-out evaluation task (earlier "
-        "snapshots); lm_eval: lm-evaluation-harness tasks whose data is present locally; file: JSONL/Parquet/.txt",
+        description="heldout: this corpus's own validation documents and held-out evaluation task (of the "
+        "snapshots before this one); lm_eval: lm-evaluation-harness tasks whose data is present locally; file: JSONL/Parquet/.txt",
     )
     path: str | None = Field(None, description="file: a file, folder or glob (JSONL, Parquet or .txt files)")
     fields: list[str] = Field(
@@ -30,7 +30,8 @@ class EvalSet(Section):
     include_path: str | None = Field(None, description="lm_eval: a folder of extra task YAMLs")
     snapshots: list[str] | None = Field(
         None,
-        description="heldout: the snapshots to read (null: every complete one except the one decontaminated)",
+        description="heldout: the snapshots to read (null: every complete one that sorts before the one "
+        "decontaminated, so a rerun reads what the first run read)",
     )
     max_items: int | None = Field(None, gt=0, description="read at most this many items (a seeded sample)")
 

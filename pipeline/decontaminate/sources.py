@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.sources import source_files
 from pipeline.core.manifest import MANIFEST_NAME
+from pipeline.core.snapshots import base_snapshot, snapshot_folders
 from pipeline.core.storage import LATEST, DatasetRef, local_path
 from pipeline.decontaminate.config import EvalSet
 
@@ -34,15 +35,17 @@ VALIDATION = "validation"
 def heldout_snapshots(
     config: PipelineConfig, stage: str, current: str, chosen: list[str] | None
 ) -> list[str]:
-    folder = local_path(config.project.data_root) / config.project.corpus / stage
-    if not folder.is_dir():
-        return []
-    names = (
-        chosen
-        if chosen is not None
-        else sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    )
-    return [name for name in names if name != current]
+    """The snapshots whose held-out material ``current`` is checked against: ``chosen``, or by default every
+    snapshot of ``stage`` that sorts before ``current`` (before the snapshot it derives from, for an ablation
+    variant). Later snapshots are left out, so a rerun reads what the first run read, whatever ran since."""
+    if chosen is not None:
+        return [name for name in chosen if name != current]
+    base = base_snapshot(current)
+    return [
+        name
+        for name in snapshot_folders(config.project.data_root, config.project.corpus, stage)
+        if name < base
+    ]
 
 
 def heldout_items(
@@ -55,8 +58,15 @@ def heldout_items(
     found: dict[str, Any] = {"validation_snapshots": [], "task_files": []}
     for snapshot in heldout_snapshots(config, "tokenize", current, eval_set.snapshots):
         ref = DatasetRef.of(config, "tokenize", snapshot)
+        if not ref.is_complete():
+            log.warning(
+                "decontaminate: tokenize %s is not complete (still running?); its validation set is skipped, "
+                "and a rerun once it finishes will read it (backfill dates in order: docs/airflow.md, Backfill)",
+                snapshot,
+            )
+            continue
         tables = sorted((ref.path / VALIDATION).glob("*.docs.parquet"))
-        if not ref.is_complete() or not tables:
+        if not tables:
             continue
         source = Path(ref.manifest().inputs[0]["path"]) / "documents" if ref.manifest().inputs else None
         if source is None or not source.is_dir():

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.snapshots import SnapshotSelection, complete_snapshots, snapshot_folders
+from pipeline.core.snapshots import (
+    SnapshotSelection,
+    base_snapshot,
+    complete_snapshots,
+    is_variant,
+    snapshot_folders,
+    variant_snapshot,
+)
 from pipeline.core.storage import DatasetRef, StageOutput
 from tests.conftest import make_config
 
@@ -83,6 +90,13 @@ def test_listing_leaves_out_staging_locks_and_incomplete_outputs(tmp_path):
     folder = tmp_path / config.project.corpus / "clean"
     (folder / "c").mkdir()  # a folder without _SUCCESS
     (folder / ".staging-d@1234").mkdir()
+    (folder / variant_snapshot("a", "0123abcd")).mkdir()  # an ablation variant's output
     assert snapshot_folders(str(tmp_path), config.project.corpus, "clean") == ["a", "b", "c"]
     assert complete_snapshots(str(tmp_path), config.project.corpus, "clean") == ["a", "b"]
     assert complete_snapshots(str(tmp_path), "nothing", "clean") == []
+
+
+def test_a_variant_names_the_snapshot_it_derives_from():
+    name = variant_snapshot("2026-11-29", "0123abcd")
+    assert is_variant(name) and not is_variant("2026-11-29")
+    assert base_snapshot(name) == base_snapshot("2026-11-29") == "2026-11-29"
