@@ -6,10 +6,13 @@ against their sizes and checksums), then reprocessed. A run fails at once, namin
 has neither. Each stage replaces its snapshot's output atomically, so re-running a date with unchanged code
 and config rewrites identical bytes and a half-finished run is never visible.
 
-Run it with `airflow backfill create --dag-id reprocess_corpus --from-date 2026-03-01 --to-date 2026-03-07`
+Run it with `airflow backfill create --dag-id reprocess_corpus --from-date 2026-03-01 --to-date 2026-03-07
+--max-active-runs 1`
 or the UI's backfill form. It has a daily schedule only so that backfills can address dates (Airflow needs
 one, and runs backfills only for unpaused DAGs); its scheduled runs skip themselves, since corpus_crawl
-already processes each new day.
+already processes each new day. Backfill with `--max-active-runs 1` so dates run one at a time, oldest first:
+decontaminate checks a snapshot against the held-out documents of the snapshots before it, so those must be
+finished when it runs (a backfill takes its own limit, not the DAG's).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ INGEST = stage("ingest")
     schedule="@daily",
     start_date=pendulum.datetime(2020, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=2,
+    max_active_runs=1,  # manual runs one at a time; a backfill takes its own --max-active-runs (docs: 1)
     default_args=DEFAULT_ARGS,
     render_template_as_native_obj=True,
     doc_md=__doc__,
