@@ -24,6 +24,11 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 
 log = logging.getLogger(__name__)
+TASK_NOTE = (
+    "multiple choice made from the reference: the true continuation of a document cut near its middle among "
+    "those of three others (chance 0.25); acc: the likeliest choice is the true one (lm-eval's rule), final "
+    "checkpoint, mean and max - min over seeds; reported, not part of the verdict"
+)
 RULE = (
     "score = final held-out loss, mean over seeds; spread = max - min over seeds; noise floor = the larger "
     "spread of the variant and the base; better / worse = mean loss lower / higher than the base's by more "
@@ -41,6 +46,7 @@ def verdict(base: dict[str, float], other: dict[str, float]) -> dict[str, Any]:
 def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int | None) -> dict[str, Any]:
     spec = plan.spec
     eval_sets = sorted({name for r in results for p in r["points"] for name in p["losses"]})
+    tasks = sorted({name for r in results for p in r["points"] for name in p.get("accuracy", {})})
     variants: dict[str, Any] = {}
     for variant in spec.variants:
         mine = [r for r in results if r["variant"] == variant.name]
@@ -62,6 +68,19 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
                 {"tokens": tokens, "mean": fmean(losses), "min": min(losses), "max": max(losses)}
                 for tokens, losses in sorted(by_tokens.items())
             ]
+        accuracy: dict[str, Any] = {}
+        for name in tasks:
+            final = {str(r["seed"]): r["points"][-1]["accuracy"][name]["acc"] for r in mine}
+            values = list(final.values())
+            accuracy[name] = {"mean": fmean(values), "spread": max(values) - min(values), "per_seed": final}
+            by_tokens = {}
+            for r in mine:
+                for point in r["points"]:
+                    by_tokens.setdefault(point["tokens"], []).append(point["accuracy"][name]["acc"])
+            curves[f"{name} accuracy"] = [
+                {"tokens": tokens, "mean": fmean(values), "min": min(values), "max": max(values)}
+                for tokens, values in sorted(by_tokens.items())
+            ]
         variants[variant.name] = {
             "overrides": list(variant.overrides),
             "tokens_seen": {str(r["seed"]): r["tokens_seen"] for r in mine},
@@ -72,6 +91,7 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
             "snapshot": plan.final_tokens(variant.name).snapshot,
             "runs": {str(r["seed"]): r["run_id"] for r in mine},
             "eval": scores,
+            "accuracy": accuracy,
             "curves": curves,
         }
     base = variants[spec.base]
@@ -89,6 +109,7 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
         "tokens_per_step": plan.tokens_per_step,
         "tokenizer": plan.tokenizer,
         "eval_sets": eval_sets,
+        "tasks": {name: TASK_NOTE for name in tasks},
         "rule": RULE,
         "variants": variants,
     }
@@ -100,7 +121,7 @@ def plot_curves(comparison: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets = comparison["eval_sets"]
+    sets = [*comparison["eval_sets"], *(f"{task} accuracy" for task in comparison.get("tasks", {}))]
     figure, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.2), squeeze=False)
     for axis, name in zip(axes[0], sets, strict=True):
         for variant, entry in comparison["variants"].items():
@@ -114,9 +135,12 @@ def plot_curves(comparison: dict[str, Any], path: Path) -> None:
                 color=line.get_color(),
                 alpha=0.2,
             )
-        axis.set(
-            title=f"held-out loss: {name}", xlabel="training tokens", ylabel="cross-entropy (nats/token)"
-        )
+        if name.endswith(" accuracy"):
+            axis.set(title=name, xlabel="training tokens", ylabel="share of items right")
+        else:
+            axis.set(
+                title=f"held-out loss: {name}", xlabel="training tokens", ylabel="cross-entropy (nats/token)"
+            )
         axis.legend(fontsize=8)
     figure.suptitle("mean over seeds; band: min to max over seeds")
     figure.tight_layout()
@@ -153,9 +177,11 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
     from pipeline.quality.page import PAGE_STYLE, image_html, table_html
 
     sets = comparison["eval_sets"]
+    tasks = list(comparison.get("tasks", {}))
     header = [
         "variant",
         *(f"{s} loss (mean ± spread)" for s in sets),
+        *(f"{t} acc (mean ± spread)" for t in tasks),
         "tokens",
         "epochs",
         "documents",
@@ -169,6 +195,7 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
             [
                 name + (" (base)" if name == comparison["base"] else ""),
                 *(f"{entry['eval'][s]['mean']:.4f} ± {entry['eval'][s]['spread']:.4f}" for s in sets),
+                *(f"{entry['accuracy'][t]['mean']:.3f} ± {entry['accuracy'][t]['spread']:.3f}" for t in tasks),
                 ", ".join(f"{t:,}" for t in tokens),
                 round(entry["epochs"], 2) if entry["epochs"] is not None else None,
                 entry["documents"],
@@ -195,6 +222,7 @@ variant trained on {comparison["tokens"]:,} tokens ({comparison["train_steps"]} 
 {html.escape(str(comparison["seeds"]))} and tokenizer {html.escape(comparison["tokenizer"])}.</p>
 <h2>Comparison</h2>{table_html(header, rows)}
 <p><b>Rule.</b> {html.escape(comparison["rule"])}.</p>
+{"".join(f"<p><b>{html.escape(t)}.</b> {html.escape(note)}.</p>" for t, note in comparison.get("tasks", {}).items())}
 <h2>Curves</h2>{"".join(image_html(path, wide=True) for path in plots)}
 <h2>Variants</h2>{table_html(["variant", "overrides"], overrides)}
 </body></html>
@@ -248,10 +276,16 @@ def track(
             for point in result["points"]:
                 for name, loss in point["losses"].items():
                     client.log_metric(child, f"eval_loss_{name}", loss["loss"], step=point["tokens"])
+                for name, scored in point.get("accuracy", {}).items():
+                    client.log_metric(child, f"eval_acc_{name}", scored["acc"], step=point["tokens"])
             client.set_terminated(child)
         for variant, entry in comparison["variants"].items():
             for name, score in entry["eval"].items():
                 key = f"{variant.replace('+', '_')}.{name}"  # MLflow names allow no '+'
+                client.log_metric(parent, f"{key}.mean", score["mean"])
+                client.log_metric(parent, f"{key}.spread", score["spread"])
+            for name, score in entry.get("accuracy", {}).items():
+                key = f"{variant.replace('+', '_')}.{name}.acc"
                 client.log_metric(parent, f"{key}.mean", score["mean"])
                 client.log_metric(parent, f"{key}.spread", score["spread"])
         for name in ("comparison.json", "report.html"):

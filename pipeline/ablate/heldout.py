@@ -1,6 +1,8 @@
 """The fixed held-out evaluation of an ablation: the reference text the user names (refused where it overlaps
 any variant's training documents), encoded once with the shared tokenizer, and the base variant's validation
-split; every checkpoint of every training is scored on the same documents (``pipeline.evaluate.job``)."""
+split; every checkpoint of every training is scored on the same documents (``pipeline.evaluate.job``), and
+on the project's continuation task made from the reference (multiple choice, lm-eval's acc and acc_norm
+computed with our own model: ``pipeline.evaluate.harness``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pipeline.core.storage import DatasetRef, StageFailure
 
 NGRAM = 13  # words per shingle, as decontamination's default (and GPT-3's)
 OVERLAP_SHARE = 0.5  # a reference document with this share of its 13-grams in one training document is in it
+CHOICES = 4  # continuation task: the true continuation among those of three other reference documents
 _WORD = re.compile(r"\w+")
 
 
@@ -143,20 +146,47 @@ def write_reference_shards(texts: list[str], tokenizer_file: Path, eos_token: st
     return folder
 
 
-def checkpoint_losses(
-    checkpoint: Path, streams: dict[str, Path], max_documents: int, batch_size: int
-) -> dict:
-    """Held-out loss of one checkpoint on each eval set: the token-weighted mean over its documents."""
+def write_continuation_task(texts: list[str], path: Path) -> int:
+    """The project's continuation task (``pipeline.evaluate.harness``) made from the reference documents, one
+    JSON item per line; returns how many (none when fewer usable documents than choices)."""
+    from pipeline.evaluate.harness import continuation_items
+
+    items = continuation_items(texts, CHOICES)
+    path.write_text("".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items))
+    return len(items)
+
+
+def read_task(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def checkpoint_scores(
+    checkpoint: Path,
+    streams: dict[str, Path],
+    tasks: dict[str, list[dict]],
+    tokenizer_file: Path,
+    max_documents: int,
+    batch_size: int,
+) -> tuple[dict, dict]:
+    """One checkpoint's held-out loss on each eval set (the token-weighted mean over its documents) and its
+    accuracy on each multiple-choice task."""
+    from tokenizers import Tokenizer
+
     from pipeline.data.loader import TokenStream
+    from pipeline.evaluate.harness import multiple_choice_accuracy
     from pipeline.evaluate.job import document_losses
     from pipeline.model.checkpoint import model_from_state, whole_model_checkpoint
 
     model = model_from_state(whole_model_checkpoint(checkpoint))
-    results = {}
+    losses = {}
     for name, folder in streams.items():
         stream = TokenStream(folder)
         documents = min(max_documents, stream.num_documents)
         sums, counts = document_losses(model, stream, documents, batch_size)
         total = int(np.sum(counts))
-        results[name] = {"loss": float(np.sum(sums)) / total if total else None, "tokens": total}
-    return results
+        losses[name] = {"loss": float(np.sum(sums)) / total if total else None, "tokens": total}
+    tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tasks else None
+    accuracy = {name: multiple_choice_accuracy(model, tokenizer, items) for name, items in tasks.items() if items}
+    return losses, accuracy

@@ -35,11 +35,14 @@ from pipeline.ablate.spec import AblationSpec
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageFailure
+from pipeline.evaluate.harness import TASK
 from pipeline.stages import stage as registered_stage
 
 log = logging.getLogger(__name__)
 REFERENCE = "reference"  # the eval set the user names
 BASE_VALIDATION = "base_validation"  # the base variant's validation split
+CONTINUATION = "continuation.jsonl"  # the continuation task's items, made from the reference
+EVALUATION_VERSION = 2  # kept evaluations of another version are scored again (2: task accuracy added)
 TOKENIZER_STAGE_INPUT = "documents"
 
 
@@ -145,6 +148,11 @@ def prepare(
     heldout.write_reference_shards(
         texts, base_tokens.path / "tokenizer.json", base_tokens.manifest().extra["eos_token"], staging
     )
+    if not heldout.write_continuation_task(texts, staging / CONTINUATION):
+        log.warning(
+            "the reference has fewer than %d documents long enough for the continuation task: no accuracy",
+            heldout.CHOICES,
+        )
     target = folder / REFERENCE
     if target.exists():
         import shutil
@@ -206,19 +214,28 @@ def train_and_evaluate(
     path = evaluation_path(config, plan, training)
     if path.is_file():
         kept = json.loads(path.read_text())
-        if kept.get("train_digest") == manifest.digest:
+        if kept.get("train_digest") == manifest.digest and kept.get("version") == EVALUATION_VERSION:
             return dict(kept)
     checkpoints = Checkpointer(output.path / "checkpoints")
     streams = eval_streams(plan, config)
+    tasks = {TASK: heldout.read_task(work_folder(config, plan.spec) / REFERENCE / CONTINUATION)}
     points = []
     for step in checkpoints.steps():
-        losses = heldout.checkpoint_losses(
-            checkpoints.path_for(step), streams, plan.spec.max_eval_documents, config.evaluate.batch_size
+        losses, accuracy = heldout.checkpoint_scores(
+            checkpoints.path_for(step),
+            streams,
+            tasks,
+            tokenize_step(plan, plan.spec.base).output.path / "tokenizer.json",
+            plan.spec.max_eval_documents,
+            config.evaluate.batch_size,
         )
-        points.append({"step": step, "tokens": step * plan.tokens_per_step, "losses": losses})
+        points.append(
+            {"step": step, "tokens": step * plan.tokens_per_step, "losses": losses, "accuracy": accuracy}
+        )
     tokenize = training.tokens.manifest()
     train_tokens = int(tokenize.counters["tokens"]["train"])
     result = {
+        "version": EVALUATION_VERSION,
         "variant": training.variant,
         "seed": training.seed,
         "run_id": training.run_id,

@@ -68,6 +68,54 @@ def continuation_items(texts: list[str], choices: int) -> list[dict[str, Any]]:
     return items
 
 
+def choice_loglikelihoods(model, tokenizer, context: str, choices: list[str]) -> list[float]:
+    """Log-likelihood of each choice after the context, by lm-eval's rule for a causal model: trailing spaces
+    of the context move to the choice, context and context + choice are encoded whole, the choice's tokens are
+    what the whole adds, and the window is cut on the left to the model's context length."""
+    import torch
+
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, choices = context[:-spaces], [context[-spaces:] + choice for choice in choices]
+    window = model.config.max_position_embeddings
+    known = tokenizer.encode(context, add_special_tokens=False).ids
+    rows = []
+    for choice in choices:
+        whole = tokenizer.encode(context + choice, add_special_tokens=False).ids
+        added = whole[len(known) :]
+        rows.append(((known + added)[-(window + 1) :], len(added)))
+    width = max(len(tokens) for tokens, _ in rows) - 1
+    inputs = torch.zeros(len(rows), width, dtype=torch.long)
+    for row, (tokens, _) in enumerate(rows):
+        inputs[row, : len(tokens) - 1] = torch.tensor(tokens[:-1])
+    with torch.no_grad():  # right padding: a causal model's earlier positions never see it
+        logprobs = torch.log_softmax(model(inputs).logits.double(), -1)
+    found = []
+    for row, (tokens, count) in enumerate(rows):
+        end = len(tokens) - 1
+        targets = torch.tensor(tokens[-count:])
+        found.append(float(logprobs[row, end - count : end].gather(1, targets[:, None]).sum()))
+    return found
+
+
+def multiple_choice_accuracy(model, tokenizer, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """lm-eval's ``acc`` (the likeliest choice is the label) and ``acc_norm`` (likelihood per character of
+    the choice) over the items, scored with our own model: no export, no harness."""
+    correct = normalised = 0
+    for item in items:
+        likelihoods = choice_loglikelihoods(model, tokenizer, item["context"], item["choices"])
+        per_char = [ll / max(1, len(choice)) for ll, choice in zip(likelihoods, item["choices"], strict=True)]
+        correct += int(max(range(len(likelihoods)), key=likelihoods.__getitem__) == item["label"])
+        normalised += int(max(range(len(per_char)), key=per_char.__getitem__) == item["label"])
+    count = len(items)
+    return {
+        "items": count,
+        "choices": len(items[0]["choices"]) if items else 0,
+        "acc": correct / count if count else None,
+        "acc_norm": normalised / count if count else None,
+    }
+
+
 def write_task(items: list[dict[str, Any]], folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / f"{TASK}.jsonl"

@@ -113,12 +113,45 @@ def test_the_recipe_beats_no_filtering_by_more_than_the_seed_spread(ablation):
     assert len(curve) >= 3 and [p["tokens"] for p in curve] == sorted(p["tokens"] for p in curve)
 
 
-def test_a_rerun_skips_every_finished_stage_and_training(ablation):
+def test_every_checkpoint_is_scored_on_the_continuation_task_made_from_the_reference(ablation):
+    from pipeline.ablate.heldout import CHOICES, read_reference
+    from pipeline.evaluate.harness import TASK, continuation_items
+
+    spec, comparison = ablation["spec"], ablation["comparison"]
+    items = continuation_items(read_reference(spec.reference, spec.max_eval_documents), CHOICES)
+    assert len(items) >= 20 and TASK in comparison["tasks"]
+    for name, entry in comparison["variants"].items():
+        assert 0 <= entry["accuracy"][TASK]["mean"] <= 1 and entry["accuracy"][TASK]["spread"] >= 0, name
+        curve = entry["curves"][f"{TASK} accuracy"]
+        assert [p["tokens"] for p in curve] == [p["tokens"] for p in entry["curves"]["reference"]]
+    from pipeline.ablate.plan import work_folder
+
+    evaluations = sorted((work_folder(ablation["config"], spec) / "evaluations").glob("*.json"))
+    assert len(evaluations) == 6
+    for path in evaluations:
+        for point in json.loads(path.read_text())["points"]:
+            scored = point["accuracy"][TASK]
+            assert scored["items"] == len(items) and scored["choices"] == CHOICES
+            for value in (scored["acc"], scored["acc_norm"]):  # a share of the items
+                assert abs(value * len(items) - round(value * len(items))) < 1e-9
+
+
+def test_a_rerun_runs_only_the_training_that_did_not_finish(ablation):
+    """As a killed ablation leaves it: one training never published its output (a training publishes its
+    folder only when it finishes) and was not evaluated. The rerun runs that training alone, and no stage."""
+    import shutil
+
+    from pipeline.ablate.runner import evaluation_path
+
+    config = ablation["config"]
+    plan = make_plan(ablation["spec"], None, ablation["overrides"])
+    unfinished = plan.trainings[-1]
+    shutil.rmtree(DatasetRef.of(config, "train", unfinished.tokens.snapshot, unfinished.run_id).path)
+    evaluation_path(config, plan, unfinished).unlink()
     progress = Progress()
     run_ablation(ablation["spec"], None, ablation["overrides"], progress)
-    assert progress.stages_run == [] and progress.trainings_run == []
-    assert len(progress.trainings_skipped) == 6
-    plan = make_plan(ablation["spec"], None, ablation["overrides"])
+    assert progress.stages_run == [] and progress.trainings_run == [unfinished.key]
+    assert sorted(progress.trainings_skipped) == sorted(t.key for t in plan.trainings[:-1])
     assert {step.action for step in plan.steps} == {"reuse", "shared"}
 
 
@@ -164,6 +197,8 @@ def test_mlflow_has_a_parent_run_with_a_child_per_variant_and_seed(ablation):
     ]
     history = client.get_metric_history(children[0].info.run_id, "eval_loss_reference")
     assert len(history) >= 3
+    accuracy = client.get_metric_history(children[0].info.run_id, "eval_acc_pretrain_heldout_continuation")
+    assert [m.step for m in accuracy] == [m.step for m in history]
 
 
 def test_the_report_opens_in_a_browser_with_every_plot_loaded(ablation):

@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,13 +74,13 @@ def test_continuation_items_put_the_truth_among_other_documents_continuations():
 def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, monkeypatch, capfd):
     """A short training on the synthetic corpus, then export and evaluate through their entrypoints:
     lm-evaluation-harness runs offline on the exported folder with the held-out continuation task, and its
-    log-likelihood of every choice equals our own model's (independent reference: lm-eval's encoding rule,
-    context and context + choice encoded whole, the window cut to the context length). Run from a folder
+    log-likelihood of every choice equals the one our scorer (``choice_loglikelihoods``, which the ablations
+    use) computes from our own model, and its acc and acc_norm equal ``multiple_choice_accuracy``'s. Run from a folder
     outside any git checkout, as a deployed image runs, the log holds no `fatal: not a git repository`."""
     from tokenizers import Tokenizer
 
     from pipeline.evaluate.__main__ import main as evaluate_main
-    from pipeline.evaluate.harness import TASK
+    from pipeline.evaluate.harness import TASK, choice_loglikelihoods, multiple_choice_accuracy
     from pipeline.export.__main__ import main as export_main
     from pipeline.export.trained import TrainedRun
     from pipeline.train.trainer import train
@@ -107,19 +106,13 @@ def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, m
     trained = TrainedRun.of(DatasetRef.of(config, "train", "lm"))
     model = trained.model()
     tokenizer = Tokenizer.from_file(str(trained.tokenizer_file))
-    window = model.config.max_position_embeddings
     correct = 0
     for item, prediction in zip(items, found["predictions"], strict=True):
-        context = tokenizer.encode(item["context"], add_special_tokens=False).ids
-        ours = []
-        for choice in item["choices"]:
-            whole = tokenizer.encode(item["context"] + choice, add_special_tokens=False).ids
-            continuation = whole[len(context) :]
-            tokens = (context + continuation)[-(window + 1) :]
-            with torch.no_grad():
-                logprobs = torch.log_softmax(model(torch.tensor([tokens[:-1]])).logits[0].double(), -1)
-            targets = torch.tensor(tokens[-len(continuation) :])
-            ours.append(float(logprobs[-len(continuation) :].gather(1, targets[:, None]).sum()))
+        ours = choice_loglikelihoods(model, tokenizer, item["context"], item["choices"])
         assert ours == pytest.approx(prediction["loglikelihoods"], abs=1e-3)
         correct += int(max(range(len(ours)), key=ours.__getitem__) == item["label"])
+    assert metrics["acc"] == pytest.approx(correct / len(items))
+    # The ablations' scorer (no export, no harness) gives lm-eval's accuracies.
+    scored = multiple_choice_accuracy(model, tokenizer, items)
+    assert scored["acc"] == pytest.approx(metrics["acc"]) and scored["acc_norm"] == pytest.approx(metrics["acc_norm"])
     assert metrics["acc"] == pytest.approx(correct / len(items))
