@@ -175,19 +175,21 @@ class NgramIndex:
         position = np.minimum(np.searchsorted(self.prefixes, shingled.hashes), len(self.prefixes) - 1)
         candidates = np.flatnonzero(self.prefixes[position] == shingled.hashes)
         owner = np.searchsorted(shingled.offsets, candidates, side="right") - 1
+        # Every candidate n-gram's text and check first, then one sorted lookup of all the checks.
+        spans: list[tuple[int, int, int, str]] = []  # (doc, start, width, ngram)
         for candidate, doc in zip(candidates.tolist(), owner.tolist(), strict=True):
             local = candidate - int(shingled.offsets[doc])
             words = shingled.words(doc)
             if len(words) < self.prefix_size:  # one shingle of all its words: shorter than any n-gram
                 continue
             for width in self.widths:
-                if local + width > len(words):
-                    continue
-                ngram = " ".join(words[local : local + width])
-                check = check_hash(ngram)
-                entry = int(np.searchsorted(self.checks, check))
-                if entry < len(self.checks) and int(self.checks[entry]) == check:
-                    found[doc].append(Match(local, width, int(self.set_orders[entry]), ngram))
+                if local + width <= len(words):
+                    spans.append((doc, local, width, " ".join(words[local : local + width])))
+        checks = np.fromiter((check_hash(span[3]) for span in spans), dtype=np.int64, count=len(spans))
+        entries = np.minimum(np.searchsorted(self.checks, checks), len(self.checks) - 1)
+        for row in np.flatnonzero(self.checks[entries] == checks).tolist():
+            doc, local, width, ngram = spans[row]
+            found[doc].append(Match(local, width, int(self.set_orders[entries[row]]), ngram))
         for matches in found:
             matches.sort(key=lambda m: (m.start, m.width))
         return found
