@@ -25,16 +25,16 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, this folder is sys.path[0]: the repository root replaces it, for the planted corpus
 # (tests/dedup/synthetic.py, not installed).
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
+
+from benchmarks.measure import run_measured  # noqa: E402
+
 SNAPSHOT = "bench"
 LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 THRESHOLD = 0.8
@@ -132,58 +132,6 @@ def datatrove_clusters(work: Path) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------- measuring
-
-
-def _hwm_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def run_measured(command: list[str], env: dict, log_path: Path) -> dict:
-    """Run a command; wall time and the peak resident memory of it and of each kind of child."""
-    import psutil
-
-    peaks: dict[int, tuple[str, float]] = {}
-    with log_path.open("w") as log:
-        started = time.monotonic()
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        root = psutil.Process(process.pid)
-
-        def watch():
-            while process.poll() is None:
-                try:
-                    family = [root, *root.children(recursive=True)]
-                except psutil.Error:
-                    break
-                for proc in family:
-                    try:
-                        kind = (
-                            "driver"
-                            if proc.pid == root.pid
-                            else ("jvm" if "java" in proc.name() else "worker")
-                        )
-                    except psutil.Error:
-                        continue
-                    peaks[proc.pid] = (kind, max(peaks.get(proc.pid, (kind, 0.0))[1], _hwm_mb(proc.pid)))
-                time.sleep(0.2)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        code = process.wait()
-        wall = time.monotonic() - started
-        watcher.join()
-    if code != 0:
-        raise SystemExit(f"{command[:3]} failed with exit status {code}; see {log_path}")
-    by_kind = {}
-    for kind, peak in peaks.values():
-        by_kind[kind] = max(by_kind.get(kind, 0.0), peak)
-    return {"wall_s": wall, "peak_mb": {k: round(v, 1) for k, v in sorted(by_kind.items())}}
 
 
 # ---------------------------------------------------------------------------------------------- the corpus
@@ -305,7 +253,7 @@ def run_ours(data_root: Path, workers: int, log_path: Path) -> dict:
         "--set",
         "logging.console=false",
     ]
-    measured = run_measured(command, env, log_path)
+    measured = run_measured(command, log_path, env)
     manifest = json.loads(next(data_root.glob(f"*/dedup/{SNAPSHOT}/manifest.json")).read_text())
     measured["stage_s"] = manifest["duration_s"]
     measured["step_seconds"] = manifest["extra"]["step_seconds"]
@@ -381,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [args.bench_python, __file__, "--workers", str(args.workers), "--seed", str(args.seed)]
     datatrove = run_measured(
-        [*command, "--datatrove-run", str(input_dir), str(work)], env, args.out / "datatrove.log"
+        [*command, "--datatrove-run", str(input_dir), str(work)], args.out / "datatrove.log", env
     )
     theirs = datatrove_clusters(work)
 

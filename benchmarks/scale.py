@@ -35,9 +35,7 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, this folder is sys.path[0]: the repository root replaces it, for benchmarks/clean.py's
 # document generator.
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
+
+from benchmarks.measure import run_measured  # noqa: E402
 
 CORPUS_VERSION = 3
 CORPUS = "scale"
@@ -209,68 +209,6 @@ def build_corpus(count: int, seed: int, work: Path) -> tuple[Path, dict]:
 
 
 # ----------------------------------------------------------------------------------------------- measuring
-
-
-def _hwm_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def run_measured(command: list[str], log_path: Path) -> dict:
-    """Run a command; its wall time, the CPU seconds of its process tree and the peak resident memory of
-    each kind of process in it (the last CPU sample of a process that ends is up to 0.2 s old)."""
-    import psutil
-
-    peaks: dict[int, tuple[str, float]] = {}
-    cpu: dict[int, float] = {}
-    with log_path.open("w") as log:
-        started = time.monotonic()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        root = psutil.Process(process.pid)
-
-        def sample() -> None:
-            try:
-                family = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                return
-            for proc in family:
-                try:
-                    kind = (
-                        "driver" if proc.pid == root.pid else ("jvm" if "java" in proc.name() else "worker")
-                    )
-                    times = proc.cpu_times()
-                except psutil.Error:
-                    continue
-                cpu[proc.pid] = max(cpu.get(proc.pid, 0.0), times.user + times.system)
-                peaks[proc.pid] = (kind, max(peaks.get(proc.pid, (kind, 0.0))[1], _hwm_mb(proc.pid)))
-
-        def watch() -> None:
-            while process.poll() is None:
-                sample()
-                time.sleep(0.2)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        code = process.wait()
-        wall = time.monotonic() - started
-        watcher.join()
-    if code != 0:
-        tail = log_path.read_text(errors="replace").splitlines()[-30:]
-        raise SystemExit(f"{' '.join(command[:4])} failed with exit status {code}:\n" + "\n".join(tail))
-    by_kind: dict[str, float] = {}
-    for kind, peak in peaks.values():
-        by_kind[kind] = max(by_kind.get(kind, 0.0), peak)
-    return {
-        "wall_s": round(wall, 2),
-        "cpu_s": round(sum(cpu.values()), 1),
-        "peak_mb": {k: round(v, 1) for k, v in sorted(by_kind.items())},
-    }
 
 
 def event_log_figures(folder: Path) -> dict:

@@ -1,0 +1,78 @@
+"""Measure a command as a whole: its wall time, the CPU seconds of its process tree, and the peak resident
+memory of each kind of process in it (the driver, Spark's JVM, Python workers). Shared by the benchmarks that
+run stages as commands (benchmarks/dedup.py, benchmarks/scale.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_S = 0.2
+
+
+def peak_resident_mb(pid: int) -> float:
+    """VmHWM, the process's resident peak so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_measured(command: list[str], log_path: Path, env: dict | None = None) -> dict:
+    """Run ``command`` (output to ``log_path``); SystemExit with the log's tail when it fails. The last CPU
+    sample of a process that ends is up to SAMPLE_S old."""
+    import psutil
+
+    peaks: dict[int, tuple[str, float]] = {}
+    cpu: dict[int, float] = {}
+    with log_path.open("w") as log:
+        started = time.monotonic()
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        root = psutil.Process(process.pid)
+
+        def sample() -> None:
+            try:
+                family = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            for proc in family:
+                try:
+                    kind = (
+                        "driver" if proc.pid == root.pid else ("jvm" if "java" in proc.name() else "worker")
+                    )
+                    times = proc.cpu_times()
+                except psutil.Error:
+                    continue
+                cpu[proc.pid] = max(cpu.get(proc.pid, 0.0), times.user + times.system)
+                peaks[proc.pid] = (kind, max(peaks.get(proc.pid, (kind, 0.0))[1], peak_resident_mb(proc.pid)))
+
+        def watch() -> None:
+            while process.poll() is None:
+                sample()
+                time.sleep(SAMPLE_S)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        code = process.wait()
+        wall = time.monotonic() - started
+        watcher.join()
+    if code != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-30:]
+        raise SystemExit(
+            f"{' '.join(command[:4])} failed with exit status {code} (log: {log_path}):\n" + "\n".join(tail)
+        )
+    by_kind: dict[str, float] = {}
+    for kind, peak in peaks.values():
+        by_kind[kind] = max(by_kind.get(kind, 0.0), peak)
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(sum(cpu.values()), 1),
+        "peak_mb": {k: round(v, 1) for k, v in sorted(by_kind.items())},
+    }
