@@ -195,7 +195,10 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
             [
                 name + (" (base)" if name == comparison["base"] else ""),
                 *(f"{entry['eval'][s]['mean']:.4f} ± {entry['eval'][s]['spread']:.4f}" for s in sets),
-                *(f"{entry['accuracy'][t]['mean']:.3f} ± {entry['accuracy'][t]['spread']:.3f}" for t in tasks),
+                *(
+                    f"{entry['accuracy'][t]['mean']:.3f} ± {entry['accuracy'][t]['spread']:.3f}"
+                    for t in tasks
+                ),
                 ", ".join(f"{t:,}" for t in tokens),
                 round(entry["epochs"], 2) if entry["epochs"] is not None else None,
                 entry["documents"],

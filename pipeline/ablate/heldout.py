@@ -188,5 +188,7 @@ def checkpoint_scores(
         total = int(np.sum(counts))
         losses[name] = {"loss": float(np.sum(sums)) / total if total else None, "tokens": total}
     tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tasks else None
-    accuracy = {name: multiple_choice_accuracy(model, tokenizer, items) for name, items in tasks.items() if items}
+    accuracy = {
+        name: multiple_choice_accuracy(model, tokenizer, items) for name, items in tasks.items() if items
+    }
     return losses, accuracy

@@ -14,8 +14,9 @@ Name order is plain string order, the same in Python and Spark. Which names exis
 caller's business: ``select`` picks among the names it is given, and ``missing`` says which explicitly named
 ones are not among them.
 
-An ablation variant's outputs are snapshots too, named ``<snapshot>.ab-<identity>`` (``variant_snapshot``);
-listings (``snapshot_folders``) leave them out, so no selection, dedup history or held-out set picks one up.
+An ablation variant's outputs are snapshots too, named ``<snapshot>.ab-<identity>`` (``variant_snapshot``).
+Only a selection that names one picks it: patterns (``all``, ``last:N``, ranges, globs) leave variants out,
+so no mixture, dedup history or held-out set takes one up by accident.
 """
 
 from __future__ import annotations
@@ -87,8 +88,10 @@ class SnapshotSelection:
         return cls("names", names=(text,))
 
     def select(self, available: Sequence[str]) -> list[str]:
-        """The names among ``available`` this selection picks, in name order."""
-        ordered = sorted(set(available))
+        """The names among ``available`` this selection picks, in name order (a pattern picks no variant)."""
+        if self.kind == "names":
+            return [name for name in sorted(set(available)) if name in self.names]
+        ordered = sorted(name for name in set(available) if not is_variant(name))
         if self.kind == "all":
             return ordered
         if self.kind == "last":
@@ -99,9 +102,7 @@ class SnapshotSelection:
                 for name in ordered
                 if (self.first is None or name >= self.first) and (self.last is None or name <= self.last)
             ]
-        if self.kind == "glob":
-            return [name for name in ordered if fnmatch.fnmatchcase(name, self.names[0])]
-        return [name for name in ordered if name in self.names]
+        return [name for name in ordered if fnmatch.fnmatchcase(name, self.names[0])]  # a glob
 
     def missing(self, available: Sequence[str]) -> list[str]:
         """Names given explicitly that are not among ``available`` (patterns miss nothing by name)."""
@@ -132,14 +133,12 @@ def _check_name(name: object, spec: object) -> None:
 
 def snapshot_folders(root: str, corpus: str, stage: str) -> list[str]:
     """Names of the snapshot folders under ``<root>/<corpus>/<stage>/``, complete or not, in name order
-    (staging folders, locks, ablation variants and anything not named like a snapshot are left out)."""
+    (staging folders, locks and anything not named like a snapshot are left out)."""
     folder = local_path(root) / corpus / stage
     if not folder.is_dir():
         return []
     return sorted(
-        entry.name
-        for entry in folder.iterdir()
-        if entry.is_dir() and SNAPSHOT_PATTERN.fullmatch(entry.name) and not is_variant(entry.name)
+        entry.name for entry in folder.iterdir() if entry.is_dir() and SNAPSHOT_PATTERN.fullmatch(entry.name)
     )
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.sources import source_files
 from pipeline.core.manifest import MANIFEST_NAME
-from pipeline.core.snapshots import base_snapshot, snapshot_folders
+from pipeline.core.snapshots import base_snapshot, is_variant, snapshot_folders
 from pipeline.core.storage import LATEST, DatasetRef, local_path
 from pipeline.decontaminate.config import EvalSet
 
@@ -44,7 +44,7 @@ def heldout_snapshots(
     return [
         name
         for name in snapshot_folders(config.project.data_root, config.project.corpus, stage)
-        if name < base
+        if name < base and not is_variant(name)
     ]
 
 

@@ -75,10 +75,11 @@ def test_a_range_is_the_names_between_its_bounds(names, first, last):
     spec = f"{first}..{last}"
     if spec == "..":
         spec = "all"
-    expected = sorted(n for n in names if (not first or n >= first) and (not last or n <= last))
+    plain = [n for n in names if not is_variant(n)]  # a pattern never picks an ablation variant
+    expected = sorted(n for n in plain if (not first or n >= first) and (not last or n <= last))
     assert SnapshotSelection.parse(spec).select(names) == expected
     assert SnapshotSelection.parse(f"{first}*").select(names) == sorted(
-        n for n in names if fnmatch.fnmatchcase(n, f"{first}*")
+        n for n in plain if fnmatch.fnmatchcase(n, f"{first}*")
     )
 
 
@@ -90,13 +91,18 @@ def test_listing_leaves_out_staging_locks_and_incomplete_outputs(tmp_path):
     folder = tmp_path / config.project.corpus / "clean"
     (folder / "c").mkdir()  # a folder without _SUCCESS
     (folder / ".staging-d@1234").mkdir()
-    (folder / variant_snapshot("a", "0123abcd")).mkdir()  # an ablation variant's output
     assert snapshot_folders(str(tmp_path), config.project.corpus, "clean") == ["a", "b", "c"]
     assert complete_snapshots(str(tmp_path), config.project.corpus, "clean") == ["a", "b"]
     assert complete_snapshots(str(tmp_path), "nothing", "clean") == []
 
 
-def test_a_variant_names_the_snapshot_it_derives_from():
+def test_a_variant_names_the_snapshot_it_derives_from_and_only_its_name_selects_it():
     name = variant_snapshot("2026-11-29", "0123abcd")
     assert is_variant(name) and not is_variant("2026-11-29")
     assert base_snapshot(name) == base_snapshot("2026-11-29") == "2026-11-29"
+    available = ["2026-11-28", "2026-11-29", name, "2026-11-30"]
+    for pattern in ("all", "last:3", "2026-11-29..2026-11-30", "2026-11-*"):
+        assert name not in SnapshotSelection.parse(pattern).select(available), pattern
+    assert SnapshotSelection.parse("last:2").select(available) == ["2026-11-29", "2026-11-30"]
+    assert SnapshotSelection.parse([name, "2026-11-28"]).select(available) == ["2026-11-28", name]
+    assert SnapshotSelection.parse([name]).missing(available) == []

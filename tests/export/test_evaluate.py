@@ -114,5 +114,7 @@ def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, m
     assert metrics["acc"] == pytest.approx(correct / len(items))
     # The ablations' scorer (no export, no harness) gives lm-eval's accuracies.
     scored = multiple_choice_accuracy(model, tokenizer, items)
-    assert scored["acc"] == pytest.approx(metrics["acc"]) and scored["acc_norm"] == pytest.approx(metrics["acc_norm"])
+    assert scored["acc"] == pytest.approx(metrics["acc"]) and scored["acc_norm"] == pytest.approx(
+        metrics["acc_norm"]
+    )
     assert metrics["acc"] == pytest.approx(correct / len(items))
