@@ -210,6 +210,34 @@ class LocalAirflow:
 
         self.wait(settled, "the cancelled runs' tasks to stop", deadline_s, every_s=1.0)
 
+    def create_backfill(
+        self, dag_id: str, from_date: str, to_date: str, *extra: str, attempts: int = 5
+    ) -> int:
+        """`airflow backfill create`, and the new backfill's id. On SQLite a busy database can fail the command
+        after it committed the backfill but before it attached every run ("database is locked"): retrying it
+        as is fails with AlreadyRunningBackfill, and the partial backfill would skip dates. So a partial one
+        is cancelled, its runs failed (``cancel_everything``), and the command runs again, re-running those
+        failed runs."""
+        for _ in range(attempts):
+            before = max((b["id"] for b in self.backfills(dag_id)), default=0)
+            done = self.airflow(
+                "backfill", "create", "--dag-id", dag_id, "--from-date", from_date, "--to-date", to_date, *extra,
+                check=False, attempts=1,
+            )  # fmt: skip
+            created = [b["id"] for b in self.backfills(dag_id) if b["id"] > before]
+            if done.returncode == 0 and created:
+                return max(created)
+            if "database is locked" not in done.stderr + done.stdout:
+                raise RuntimeError(f"backfill create exited {done.returncode}:\n{done.stderr[-3000:]}")
+            if created:
+                self.cancel_everything()
+                if "--reprocess-behavior" not in extra:  # the partial backfill's runs exist now, failed
+                    extra = (*extra, "--reprocess-behavior", "failed")
+        raise RuntimeError(f"backfill create found the database locked {attempts} times")
+
+    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
+        return self.request("GET", f"/api/v2/backfills?dag_id={dag_id}&limit=100")["backfills"]
+
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
         run = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
         return run["dag_run_id"]

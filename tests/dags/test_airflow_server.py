@@ -256,14 +256,11 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
     airflow.unpause("reprocess_corpus")  # Airflow runs backfills only for unpaused DAGs
 
     def backfill(*extra):
-        airflow.airflow(
-            "backfill", "create", "--dag-id", "reprocess_corpus", "--from-date", DATES[0], "--to-date", DATES[1],
-            "--max-active-runs", "1", *extra,
-        )  # fmt: skip
-        backfills = airflow.request("GET", "/api/v2/backfills?dag_id=reprocess_corpus")["backfills"]
-        newest = max(backfills, key=lambda b: b["id"])
+        created = airflow.create_backfill(
+            "reprocess_corpus", DATES[0], DATES[1], "--max-active-runs", "1", *extra
+        )
         airflow.wait(
-            lambda: airflow.request("GET", f"/api/v2/backfills/{newest['id']}")["completed_at"],
+            lambda: airflow.request("GET", f"/api/v2/backfills/{created}")["completed_at"],
             "the backfill to complete",
             HANG_S,
             every_s=2.0,
@@ -310,9 +307,7 @@ def test_backfill_of_an_ingested_snapshot_re_reads_its_source_files(airflow, tmp
     )
     before = ingest_job.run(config, [], DatasetRef.of(config, "ingest", date))
     airflow.unpause("reprocess_corpus")
-    airflow.airflow(
-        "backfill", "create", "--dag-id", "reprocess_corpus", "--from-date", date, "--to-date", date,
-    )  # fmt: skip
+    airflow.create_backfill("reprocess_corpus", date, date)
 
     def finished():
         runs = airflow.request("GET", "/api/v2/dags/reprocess_corpus/dagRuns?run_type=backfill")["dag_runs"]
