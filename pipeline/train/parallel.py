@@ -89,6 +89,13 @@ class DistributedContext:
         dist.broadcast_object_list(holder, group=self.control_group, group_src=0)
         return holder[0]
 
+    def first_message(self, message: str | None) -> str | None:
+        """The lowest rank's non-None ``message``, on every rank (None when no rank has one): so ranks that
+        found different things, or nothing, fail together with one message instead of one rank failing and
+        the others breaking in their next collective."""
+        gathered = self.gather_objects(message)
+        return self.broadcast_object(next((m for m in gathered or [] if m is not None), None))
+
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.control_group)

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from pipeline.config import PipelineConfig
 from pipeline.core.config import ConfigError
-from pipeline.core.manifest import Manifest
+from pipeline.core.manifest import DamagedInputError, Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.blend import BlendedPackedLoader, BlendedTokenBudgetLoader, build_loader
 from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader
@@ -185,15 +185,23 @@ class Trainer(Stateful):
         self.mixture = resolve_mixture(config, snapshot=self.snapshot, stage=input_stage)
         self.tokens_ref = self.mixture.refs[0]
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:  # once a run, before step 1
-            for source in self.mixture.sources:
-                for ref, manifest in zip(source.refs, source.manifests, strict=True):
-                    verify_token_shards(
-                        ref,
-                        manifest,
-                        checksums=config.data.verify_shards,
-                        rank=ctx.rank,
-                        world_size=ctx.world_size,
-                    )
+            damaged: DamagedInputError | None = None
+            try:
+                for source in self.mixture.sources:
+                    for ref, manifest in zip(source.refs, source.manifests, strict=True):
+                        verify_token_shards(
+                            ref,
+                            manifest,
+                            checksums=config.data.verify_shards,
+                            rank=ctx.rank,
+                            world_size=ctx.world_size,
+                        )
+            except DamagedInputError as exc:
+                damaged = exc
+            # Each rank read its share of the files: every rank fails, with the same finding, or none does.
+            found = ctx.first_message(str(damaged) if damaged else None)
+            if found is not None:
+                raise DamagedInputError(found) from None
         self.model_config = build_model_config(config, self.mixture.tokenizer["vocab_size"])
         self.precision = MixedPrecision(train.precision, self.device)
         self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)
