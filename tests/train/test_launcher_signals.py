@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +20,7 @@ from pipeline.train.faults import ENV_FAULT
 from pipeline.train.runs import RunRecord
 from tests.train.support import (
     finish,
+    kill_tree,
     pretrain_train,
     processes_mentioning,
     start,
@@ -102,3 +105,48 @@ def test_a_killed_torchrun_agent_takes_its_ranks_with_it(prepared):
     run, steps = stopped_at(config)
     assert steps == []  # killed before the checkpoint of step 3
     resumes_and_finishes(config, path, run)
+
+
+# A worker that stops its agent, and when the agent's shutdown reaches it (its SIGTERM), stops it again: as
+# every rank does whose failure no restart can fix, or the launcher and a rank at once.
+SIGNALS_TWICE = """
+import os, signal, time
+agent = os.getppid()
+signal.signal(signal.SIGTERM, lambda *_: os.kill(agent, signal.SIGTERM))
+os.kill(agent, signal.SIGTERM)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_second_signal_during_the_agents_shutdown_leaves_no_worker_behind(tmp_path):
+    """The second signal used to raise inside torchrun's wait for its workers, so the worker that ignored
+    the first SIGTERM was never SIGKILLed and outlived its agent; now only the first signal counts."""
+    worker = tmp_path / "signals_twice.py"
+    worker.write_text(SIGNALS_TWICE)
+    log = tmp_path / "agent.log"
+    with log.open("w") as output:
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.train.agent",
+                "--standalone",
+                "--nproc-per-node=1",
+                "--shutdown-timeout=1",
+                str(worker),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        assert agent.wait(timeout=300) == EXIT_STOPPED, log.read_text()[-5000:]
+        assert processes_mentioning(str(worker)) == []
+        text = log.read_text()
+        assert text.strip().splitlines()[-1] == "torchrun: stopped by SIGTERM" and "Traceback" not in text, (
+            text
+        )
+    finally:
+        kill_tree(agent)
+        wait_gone(processes_mentioning(str(worker)), timeout_s=0)
