@@ -44,6 +44,13 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
         "eval_points": Param(4, type="integer", minimum=1, description="held-out evaluations per training"),
         "reference": Param(None, type=["null", "string"], description="held-out reference text (JSONL/.txt)"),
         "tokenizer": Param(None, type=["null", "string"], description="a stored tokenizer; empty: train one"),
+        "tasks": Param(
+            [],
+            type="array",
+            items={"type": "string"},
+            description="lm-eval multiple-choice tasks on the workers (data cached locally), scored too",
+        ),
+        "task_folder": Param(None, type=["null", "string"], description="a folder of your own task YAMLs"),
     },
 )
 def ablate():

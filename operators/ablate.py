@@ -9,7 +9,19 @@ from typing import Any
 
 from pipeline.ablate.spec import AblationSpec, parse_spec
 
-SPEC_KEYS = ("name", "source", "base", "variants", "seeds", "tokens", "eval_points", "reference", "tokenizer")
+SPEC_KEYS = (
+    "name",
+    "source",
+    "base",
+    "variants",
+    "seeds",
+    "tokens",
+    "eval_points",
+    "reference",
+    "tokenizer",
+    "tasks",
+    "task_folder",
+)
 
 
 def spec_of(params: Mapping[str, Any]) -> AblationSpec:

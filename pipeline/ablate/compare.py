@@ -22,12 +22,18 @@ from pipeline.ablate.plan import Plan, ablation_ref
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.evaluate.harness import TASK
 
 log = logging.getLogger(__name__)
 TASK_NOTE = (
     "multiple choice made from the reference: the true continuation of a document cut near its middle among "
     "those of three others (chance 0.25); acc: the likeliest choice is the true one (lm-eval's rule), final "
     "checkpoint, mean and max - min over seeds; reported, not part of the verdict"
+)
+LOCAL_TASK_NOTE = (
+    "an lm-eval multiple-choice task found on this machine, zero-shot, items built by lm-eval's own task code "
+    "and scored with the checkpoint (acc by lm-eval's rule), final checkpoint, mean and max - min over seeds; "
+    "reported, not part of the verdict"
 )
 RULE = (
     "score = final held-out loss, mean over seeds; spread = max - min over seeds; noise floor = the larger "
@@ -109,7 +115,7 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
         "tokens_per_step": plan.tokens_per_step,
         "tokenizer": plan.tokenizer,
         "eval_sets": eval_sets,
-        "tasks": {name: TASK_NOTE for name in tasks},
+        "tasks": {name: TASK_NOTE if name == TASK else LOCAL_TASK_NOTE for name in tasks},
         "rule": RULE,
         "variants": variants,
     }

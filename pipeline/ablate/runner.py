@@ -33,6 +33,7 @@ from pipeline.ablate.plan import (
 )
 from pipeline.ablate.spec import AblationSpec
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.evaluate.harness import TASK
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 REFERENCE = "reference"  # the eval set the user names
 BASE_VALIDATION = "base_validation"  # the base variant's validation split
 CONTINUATION = "continuation.jsonl"  # the continuation task's items, made from the reference
+LOCAL_TASKS = "tasks"  # beside it: the spec's local lm-eval tasks, one <task>.jsonl of items each
 EVALUATION_VERSION = 2  # kept evaluations of another version are scored again (2: task accuracy added)
 TOKENIZER_STAGE_INPUT = "documents"
 
@@ -128,6 +130,7 @@ def prepare(
     that overlaps any variant's training documents, naming both, before any training starts."""
     progress = progress or Progress()
     plan = make_plan(spec, config_path, overrides)
+    local_tasks = {name: local_task(spec, name) for name in spec.tasks}  # refused before any stage runs
     run_corpus_stages(plan, config_path, overrides, progress)
     digests = {
         variant.name: tokenize_step(plan, variant.name).output.manifest().files["tokenizer.json"].sha256
@@ -153,6 +156,11 @@ def prepare(
             "the reference has fewer than %d documents long enough for the continuation task: no accuracy",
             heldout.CHOICES,
         )
+    (staging / LOCAL_TASKS).mkdir()
+    for name, items in local_tasks.items():
+        (staging / LOCAL_TASKS / f"{name}.jsonl").write_text(
+            "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
+        )
     target = folder / REFERENCE
     if target.exists():
         import shutil
@@ -161,6 +169,31 @@ def prepare(
     os.replace(staging, target)
     (folder / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     return plan
+
+
+def local_task(spec: AblationSpec, name: str) -> list[dict]:
+    """A task of the spec's ``tasks`` as items (``pipeline.evaluate.harness.local_task_items``), or a
+    ConfigError naming it."""
+    from pipeline.evaluate.harness import LocalTaskError, local_task_items
+
+    try:
+        items = local_task_items(name, spec.task_folder, spec.max_eval_documents)
+    except LocalTaskError as exc:
+        raise ConfigError(f"ablation {spec.name}: {exc}") from None
+    if not items:
+        raise ConfigError(f"ablation {spec.name}: task {name} has no item to score")
+    say(f"task {name}: {len(items)} items")
+    return items
+
+
+def eval_tasks(plan: Plan, config: PipelineConfig) -> dict[str, list[dict]]:
+    """The multiple-choice tasks every checkpoint is scored on: the continuation task made from the
+    reference, and the spec's local lm-eval tasks (as prepare wrote them)."""
+    reference = work_folder(config, plan.spec) / REFERENCE
+    tasks = {TASK: heldout.read_task(reference / CONTINUATION)}
+    for name in plan.spec.tasks:
+        tasks[name] = heldout.read_task(reference / LOCAL_TASKS / f"{name}.jsonl")
+    return tasks
 
 
 def eval_streams(plan: Plan, config: PipelineConfig) -> dict[str, Path]:
@@ -212,13 +245,17 @@ def train_and_evaluate(
         progress.trainings_run.append(training.key)
     manifest = output.manifest()
     path = evaluation_path(config, plan, training)
+    tasks = eval_tasks(plan, config)
     if path.is_file():
         kept = json.loads(path.read_text())
-        if kept.get("train_digest") == manifest.digest and kept.get("version") == EVALUATION_VERSION:
+        if (kept.get("train_digest"), kept.get("version"), kept.get("tasks")) == (
+            manifest.digest,
+            EVALUATION_VERSION,
+            sorted(tasks),
+        ):
             return dict(kept)
     checkpoints = Checkpointer(output.path / "checkpoints")
     streams = eval_streams(plan, config)
-    tasks = {TASK: heldout.read_task(work_folder(config, plan.spec) / REFERENCE / CONTINUATION)}
     points = []
     for step in checkpoints.steps():
         losses, accuracy = heldout.checkpoint_scores(
@@ -236,6 +273,7 @@ def train_and_evaluate(
     train_tokens = int(tokenize.counters["tokens"]["train"])
     result = {
         "version": EVALUATION_VERSION,
+        "tasks": sorted(tasks),
         "variant": training.variant,
         "seed": training.seed,
         "run_id": training.run_id,

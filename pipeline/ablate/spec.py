@@ -14,6 +14,8 @@ budget and a fixed held-out reference; read from a YAML file and/or command-line
     eval_points: 4
     reference: reference.jsonl                      # {"text": ...} per line, or .txt documents split by blank lines
     tokenizer: null                                 # null: train one on the base source, stored for all variants
+    tasks: [my_questions]                           # lm-eval multiple-choice tasks on this machine (scored too)
+    task_folder: tasks/                             # task YAMLs of your own, for `tasks`
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import validate_snapshot
+from pipeline.evaluate.harness import TASK
 from pipeline.stages import CORPUS_SOURCES, downstream, group, stage
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
@@ -108,6 +111,8 @@ class AblationSpec:
     eval_points: int = 4
     tokenizer: str | None = None
     max_eval_documents: int = 200
+    tasks: tuple[str, ...] = ()  # lm-eval multiple-choice tasks present locally, scored at every checkpoint
+    task_folder: Path | None = None  # lm-eval task YAMLs of the user's own (lm-eval's include_path)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,6 +140,8 @@ class AblationSpec:
             raise ConfigError(f"tokens {self.tokens}: the token budget must be positive")
         if not 1 <= self.eval_points <= 100:
             raise ConfigError(f"eval_points {self.eval_points}: between 1 and 100")
+        if len(set(self.tasks)) != len(self.tasks) or TASK in self.tasks:
+            raise ConfigError(f"tasks {list(self.tasks)}: distinct lm-eval task names, other than {TASK}")
         allowed = variant_sections()
         for variant in self.variants:
             for override in variant.overrides:
@@ -174,6 +181,8 @@ class AblationSpec:
             "reference": str(self.reference),
             "tokenizer": self.tokenizer,
             "max_eval_documents": self.max_eval_documents,
+            "tasks": list(self.tasks),
+            "task_folder": str(self.task_folder) if self.task_folder else None,
         }
 
 
@@ -216,6 +225,8 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
         "reference",
         "tokenizer",
         "max_eval_documents",
+        "tasks",
+        "task_folder",
     }
     unknown = sorted(set(data) - known)
     if unknown:
@@ -236,6 +247,14 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
     if not isinstance(variants, dict):
         raise ConfigError("ablation spec: variants is a mapping of names to overrides (or a list of presets)")
     reference = Path(str(data["reference"]))
+    tasks = data.get("tasks") or []
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    if not isinstance(tasks, list) or not all(isinstance(task, str) and task for task in tasks):
+        raise ConfigError("ablation spec: tasks is a list of lm-eval task names")
+    task_folder = Path(str(data["task_folder"])) if data.get("task_folder") else None
+    if task_folder is not None and not task_folder.is_absolute():
+        task_folder = base_folder / task_folder
     try:
         return AblationSpec(
             name=str(data.get("name") or "ablation"),
@@ -248,6 +267,8 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
             eval_points=int(data.get("eval_points", 4)),
             tokenizer=data.get("tokenizer"),
             max_eval_documents=int(data.get("max_eval_documents", 200)),
+            tasks=tuple(tasks),
+            task_folder=task_folder,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ablation spec: {exc}") from None

@@ -100,10 +100,13 @@ def choice_loglikelihoods(model, tokenizer, context: str, choices: list[str]) ->
 
 def multiple_choice_accuracy(model, tokenizer, items: list[dict[str, Any]]) -> dict[str, Any]:
     """lm-eval's ``acc`` (the likeliest choice is the label) and ``acc_norm`` (likelihood per character of
-    the choice) over the items, scored with our own model: no export, no harness."""
+    the choice) over the items, scored with our own model: no export, no harness. An item is ``context``,
+    ``choices``, ``label`` (the true choice's index) and optionally ``delimiter`` (put before each choice)."""
     correct = normalised = 0
     for item in items:
-        likelihoods = choice_loglikelihoods(model, tokenizer, item["context"], item["choices"])
+        delimiter = item.get("delimiter", "")  # lm-eval's target_delimiter: scored, not counted in acc_norm
+        choices = [delimiter + choice for choice in item["choices"]]
+        likelihoods = choice_loglikelihoods(model, tokenizer, item["context"], choices)
         per_char = [ll / max(1, len(choice)) for ll, choice in zip(likelihoods, item["choices"], strict=True)]
         correct += int(max(range(len(likelihoods)), key=likelihoods.__getitem__) == item["label"])
         normalised += int(max(range(len(per_char)), key=per_char.__getitem__) == item["label"])
@@ -114,6 +117,60 @@ def multiple_choice_accuracy(model, tokenizer, items: list[dict[str, Any]]) -> d
         "acc": correct / count if count else None,
         "acc_norm": normalised / count if count else None,
     }
+
+
+class LocalTaskError(ValueError):
+    """An lm-eval task that cannot be scored here; the message names it and what to do."""
+
+
+def local_task_items(name: str, include_path: Path | None = None, limit: int | None = None) -> list[dict]:
+    """The items of an lm-eval multiple-choice task present on this machine (a task YAML under
+    ``include_path``, or a registered task whose dataset is in the local Hugging Face cache), zero-shot, as
+    lm-eval builds its requests: the context (description and ``doc_to_text``), each choice after the task's
+    target delimiter, the gold choice's index. Nothing is downloaded: a task whose data is not here is refused."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when the hub libraries load: before lm-eval
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        from lm_eval.tasks import TaskManager, get_task_dict
+    except ImportError:
+        raise LocalTaskError(
+            f"task {name}: lm-evaluation-harness is not installed (pip install lm_eval)"
+        ) from None
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    if name not in manager.all_tasks:
+        where = f" or under {include_path}" if include_path else ""
+        raise LocalTaskError(f"task {name}: lm-eval knows no task of that name{where}")
+    if name in manager.all_groups:
+        raise LocalTaskError(f"task {name} is a group of lm-eval tasks: name its tasks one by one")
+    try:
+        task = get_task_dict([name], manager)[name]
+        docs = list(task.eval_docs)
+    except Exception as exc:  # datasets raises many kinds when offline and the data is not cached
+        raise LocalTaskError(
+            f"task {name}: its data is not on this machine ({type(exc).__name__}: {exc}); download it once "
+            '(python -c "import datasets; datasets.load_dataset(...)") or leave the task out'
+        ) from None
+    if task.OUTPUT_TYPE != "multiple_choice" or task.multiple_input:
+        raise LocalTaskError(
+            f"task {name} is {task.OUTPUT_TYPE}{' with several inputs' if task.multiple_input else ''}: only "
+            "multiple-choice tasks with one context are scored here"
+        )
+    items = []
+    for doc in docs[:limit]:
+        choices = [str(choice) for choice in task.doc_to_choice(doc)]
+        gold = task.doc_to_target(doc)
+        label = choices.index(gold) if isinstance(gold, str) and gold in choices else gold
+        if not isinstance(label, int) or not 0 <= label < len(choices):
+            continue  # lm-eval scores it as wrong for every model; it would only add noise
+        items.append(
+            {
+                "context": task.fewshot_context(doc, 0),
+                "choices": choices,
+                "label": label,
+                "delimiter": task.config.target_delimiter,
+            }
+        )
+    return items
 
 
 def write_task(items: list[dict[str, Any]], folder: Path) -> Path:

@@ -5,6 +5,7 @@ is shared by the module's tests; reruns against it check reuse, resume and the o
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,16 @@ from pipeline.ablate.spec import parse_spec
 from pipeline.core.storage import DatasetRef
 from tests.ablate.corpus import PROXY, TOKENS, build
 from tests.conftest import make_config
+from tests.export.lm_eval_tasks import LOCAL_ITEMS, LOCAL_TASK, write_local_task
 
 pytestmark = pytest.mark.slow
 SNAPSHOT = "crawl-1"
 
 
-def spec_for(reference: Path, name: str = "recipe"):
+def spec_for(reference: Path, name: str = "recipe", tasks: Path | None = None):
     return parse_spec(
         {
+            **({"tasks": [LOCAL_TASK], "task_folder": str(tasks)} if tasks else {}),
             "name": name,
             "source": {"snapshot": SNAPSHOT, "stage": "ingest"},
             "base": "none",
@@ -51,7 +54,7 @@ def ablation(tmp_path_factory):
     ]
     config = make_config(data, *overrides)
     ingest_job.run(config, [], DatasetRef.of(config, "ingest", SNAPSHOT))
-    spec = spec_for(corpus.reference)
+    spec = spec_for(corpus.reference, tasks=write_local_task(folder / "tasks", random.Random(3)))
     progress = Progress()
     manifest = run_ablation(spec, None, overrides, progress)
     comparison = json.loads((Path(manifest.path) / "comparison.json").read_text())
@@ -113,7 +116,7 @@ def test_the_recipe_beats_no_filtering_by_more_than_the_seed_spread(ablation):
     assert len(curve) >= 3 and [p["tokens"] for p in curve] == sorted(p["tokens"] for p in curve)
 
 
-def test_every_checkpoint_is_scored_on_the_continuation_task_made_from_the_reference(ablation):
+def test_every_checkpoint_is_scored_on_the_continuation_task_and_the_local_lm_eval_task(ablation):
     from pipeline.ablate.heldout import CHOICES, read_reference
     from pipeline.evaluate.harness import TASK, continuation_items
 
@@ -134,6 +137,9 @@ def test_every_checkpoint_is_scored_on_the_continuation_task_made_from_the_refer
             assert scored["items"] == len(items) and scored["choices"] == CHOICES
             for value in (scored["acc"], scored["acc_norm"]):  # a share of the items
                 assert abs(value * len(items) - round(value * len(items))) < 1e-9
+            local = point["accuracy"][LOCAL_TASK]  # the spec's local lm-eval task, scored the same way
+            assert local["items"] == LOCAL_ITEMS and 0 <= local["acc"] <= 1
+    assert LOCAL_TASK in comparison["tasks"] and "lm-eval" in comparison["tasks"][LOCAL_TASK]
 
 
 def test_a_rerun_runs_only_the_training_that_did_not_finish(ablation):

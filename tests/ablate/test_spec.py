@@ -36,6 +36,9 @@ def test_presets_and_defaults():
         ({"seeds": [1, 1]}, "distinct seeds"),
         ({"variants": {"odd": "preset", "b": []}}, "no preset"),
         ({"tokens": 0}, "token budget"),
+        ({"tasks": ["arc_easy", "arc_easy"]}, "distinct lm-eval task names"),
+        ({"tasks": ["pretrain_heldout_continuation"]}, "distinct lm-eval task names"),
+        ({"tasks": [3]}, "list of lm-eval task names"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(changes, message):
@@ -51,3 +54,19 @@ def test_a_stage_identity_depends_on_its_own_sections_and_input_only():
     assert stage_identity(base, "dedup", "x") != stage_identity(dedup_changed, "dedup", "x")
     assert stage_identity(base, "clean", "src") != stage_identity(clean_changed, "clean", "src")
     assert stage_identity(base, "dedup", "x") != stage_identity(base, "dedup", "y")
+
+
+def test_local_tasks_and_their_folder_relative_to_the_spec(tmp_path):
+    made = parse_spec(
+        {
+            "source": "s1",
+            "variants": ["none", "rules"],
+            "reference": "ref.jsonl",
+            "tokens": 10,
+            "tasks": "mine",
+            "task_folder": "tasks",
+        },
+        tmp_path,
+    )
+    assert made.tasks == ("mine",) and made.task_folder == tmp_path / "tasks"
+    assert made.to_dict()["tasks"] == ["mine"]

@@ -18,7 +18,6 @@ from operators.training import CONFIG_FILE
 from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest, write_published
 from pipeline.core.storage import DatasetRef
-from pipeline.crawl import stage as crawl_stage
 from tests.conftest import make_config
 from tests.dags.airflow_server import LocalAirflow
 
@@ -246,16 +245,25 @@ def test_a_snapshot_failing_the_gate_announces_no_token_shards_and_the_log_names
     assert event["extra"]["snapshot"] == "gate-pass" and event["extra"]["digest"] == tokens.manifest().digest
 
 
-def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sample_corpus):
-    """Two dates backfilled one at a time, then the later one backfilled again: the later date's decontaminate
-    reads the earlier date's held-out documents, and the rerun writes the same bytes (it once read whatever
-    other snapshots existed by then, and changed). Rerunning the later date alone keeps the test short."""
+def test_backfill_reprocesses_a_crawled_and_an_ingested_date_and_a_rerun_changes_nothing(
+    airflow, sample_corpus, tmp_path
+):
+    """Two dates backfilled one at a time: one from its stored crawl, one ingested again from the files its
+    ingest manifest names. The later date's decontaminate reads the earlier date's held-out documents. Then
+    the ingested date is backfilled again and writes the same bytes (its decontaminate once read whatever
+    other snapshots existed by then, and changed)."""
+    from pipeline.ingest import job as ingest_job
+    from tests.ingest.sources import write_all
+
     corpus_config, snapshot = sample_corpus
     config = config_of(airflow)
-    # Two stored crawls, different in content: the session's crawl, and a shallower fresh one.
-    publish_copy(corpus_config, snapshot, "crawl", airflow.data_root, DATES[0])
-    small = make_config(airflow.data_root, "crawl.max_depth=1", "logging.console=false")
-    crawl_stage.run(small, [], DatasetRef.of(small, "crawl", DATES[1]))
+    crawled, ingested = DATES
+    publish_copy(corpus_config, snapshot, "crawl", airflow.data_root, crawled)
+    write_all(tmp_path / "sources")
+    with_sources = make_config(
+        airflow.data_root, "spark.shuffle_partitions=4", f"ingest.sources=[{tmp_path / 'sources'}]"
+    )
+    ingested_before = ingest_job.run(with_sources, [], DatasetRef.of(with_sources, "ingest", ingested))
     airflow.unpause("reprocess_corpus")  # Airflow runs backfills only for unpaused DAGs
 
     def backfill(first_date, *extra):
@@ -271,9 +279,11 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
         runs = airflow.request("GET", "/api/v2/dags/reprocess_corpus/dagRuns?run_type=backfill")["dag_runs"]
         return {run["logical_date"][:10]: run for run in runs}
 
-    runs = backfill(DATES[0])
+    runs = backfill(crawled)
     assert sorted(runs) == list(DATES)
-    assert {date: run["state"] for date, run in runs.items()} == dict.fromkeys(DATES, "success")
+    assert {date: run["state"] for date, run in runs.items()} == dict.fromkeys(DATES, "success"), {
+        date: airflow.task_instances("reprocess_corpus", run["dag_run_id"]) for date, run in runs.items()
+    }
     first = {}
     for date in DATES:
         for stage in [entry.name for entry in corpus_stages(reports=False)]:
@@ -282,17 +292,26 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
             assert manifest.lineage["dag_id"] == "reprocess_corpus"
             assert manifest.lineage["run_id"] == runs[date]["dag_run_id"]
             first[date, stage] = manifest
-    assert first[DATES[0], "clean"].digest != first[DATES[1], "clean"].digest
-    assert first[DATES[0], "dedup"].lineage["task_id"] == "dedup"
-    assert first[DATES[0], "tokenize"].digest != first[DATES[1], "tokenize"].digest
+    assert first[crawled, "clean"].inputs[0]["stage"] == "crawl"
+    assert first[ingested, "clean"].inputs[0]["stage"] == "ingest"
+    assert not DatasetRef.of(config, "ingest", crawled).is_complete()  # a crawled date is never ingested
+    ingested_after = DatasetRef.of(config, "ingest", ingested).manifest()
+    assert (
+        ingested_after.extra["replayed"]
+        and ingested_after.extra["sources"] == ingested_before.extra["sources"]
+    )
+    assert ingested_after.lineage["dag_id"] == "reprocess_corpus"
+    assert ingested_after.digest == ingested_before.digest  # the same documents from the same files
+    assert first[crawled, "dedup"].lineage["task_id"] == "dedup"
     heldout = {date: first[date, "decontaminate"].extra["decontaminate"]["sets"]["heldout"] for date in DATES}
-    assert "validation_snapshots" not in heldout[DATES[0]]  # nothing before it
-    assert heldout[DATES[1]]["validation_snapshots"] == [DATES[0]]
+    assert "validation_snapshots" not in heldout[crawled]  # nothing before it
+    assert heldout[ingested]["validation_snapshots"] == [crawled]
 
-    rerun = backfill(DATES[1], "--reprocess-behavior", "completed")
+    rerun = backfill(ingested, "--reprocess-behavior", "completed")
     assert {date: run["state"] for date, run in rerun.items()} == dict.fromkeys(DATES, "success")
+    first[ingested, "ingest"] = ingested_after
     for (date, stage), before in first.items():
-        if date != DATES[1]:
+        if date != ingested:
             continue
         after = DatasetRef.of(config, stage, date).manifest()
         assert after.created_at > before.created_at or after.lineage != before.lineage  # really re-run
@@ -300,39 +319,6 @@ def test_backfill_reprocesses_two_dates_and_a_rerun_changes_nothing(airflow, sam
         stage_folder = airflow.data_root / config.project.corpus / stage
         leftovers = [p.name for p in stage_folder.glob(".*") if not p.name.startswith(".lock-")]
         assert leftovers == []  # no staging or retired folder left behind (the lock files stay, unlocked)
-
-
-def test_backfill_of_an_ingested_snapshot_re_reads_its_source_files(airflow, tmp_path):
-    """reprocess_corpus on a snapshot made by ingest: the ingest runs again from the files its manifest names,
-    then the corpus stages read it; the rerun writes the same documents."""
-    from pipeline.ingest import job as ingest_job
-    from tests.ingest.sources import write_all
-
-    date = "2026-03-05"
-    write_all(tmp_path / "sources")
-    config = make_config(
-        airflow.data_root, "spark.shuffle_partitions=4", f"ingest.sources=[{tmp_path / 'sources'}]"
-    )
-    before = ingest_job.run(config, [], DatasetRef.of(config, "ingest", date))
-    airflow.unpause("reprocess_corpus")
-    airflow.create_backfill("reprocess_corpus", date, date)
-
-    def finished():
-        runs = airflow.request("GET", "/api/v2/dags/reprocess_corpus/dagRuns?run_type=backfill")["dag_runs"]
-        mine = [
-            run for run in runs if run["logical_date"][:10] == date and run["state"] in ("success", "failed")
-        ]
-        return mine[0] if mine else None
-
-    run = airflow.wait(finished, "the backfill of the ingested snapshot", HANG_S, every_s=2.0)
-    assert run["state"] == "success", airflow.task_instances("reprocess_corpus", run["dag_run_id"])
-    after = DatasetRef.of(config, "ingest", date).manifest()
-    assert after.extra["replayed"] and after.extra["sources"] == before.extra["sources"]
-    assert after.lineage["dag_id"] == "reprocess_corpus" and after.digest == before.digest
-    for stage in [entry.name for entry in corpus_stages(reports=False)]:
-        manifest = DatasetRef.of(config, stage, date).manifest()
-        assert manifest.lineage["run_id"] == run["dag_run_id"], stage
-    assert DatasetRef.of(config, "clean", date).manifest().inputs[0]["stage"] == "ingest"
 
 
 def torchrun_processes(marker: str) -> list[psutil.Process]:

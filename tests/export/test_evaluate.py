@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from pipeline.core.storage import DatasetRef
 from pipeline.evaluate.harness import continuation_items, cut
 from pipeline.evaluate.job import document_windows, grouped, summary
+from tests.export.lm_eval_tasks import LOCAL_ITEMS, LOCAL_TASK, write_local_task
 
 
 @settings(max_examples=100, deadline=None)
@@ -118,3 +120,34 @@ def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, m
         metrics["acc_norm"]
     )
     assert metrics["acc"] == pytest.approx(correct / len(items))
+
+    # Any multiple-choice task lm-eval has on this machine (the ablations score them): items made by lm-eval's
+    # own task code (its templates, description and target delimiter), scored by ours, match lm-eval on the export.
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from pipeline.evaluate.harness import local_task_items
+
+    tasks = write_local_task(tmp_path / "tasks", random.Random(7))
+    local = local_task_items(LOCAL_TASK, tasks)
+    export = DatasetRef.of(config, "export", "lm").path
+    found = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={export},dtype=float32",
+        tasks=[LOCAL_TASK],
+        task_manager=TaskManager(include_path=str(tasks)),
+        batch_size=4,
+        device="cpu",
+        log_samples=True,
+    )
+    samples = sorted(found["samples"][LOCAL_TASK], key=lambda sample: sample["doc_id"])
+    assert len(local) == len(samples) == LOCAL_ITEMS
+    for item, sample in zip(local, samples, strict=True):
+        assert item["label"] == sample["target"] or item["choices"][item["label"]] == sample["target"]
+        choices = [item["delimiter"] + choice for choice in item["choices"]]
+        ours = choice_loglikelihoods(model, tokenizer, item["context"], choices)
+        assert ours == pytest.approx([float(r[0]) for r in sample["filtered_resps"]], abs=1e-3)
+    scored = multiple_choice_accuracy(model, tokenizer, local)
+    figures = found["results"][LOCAL_TASK]
+    assert scored["acc"] == pytest.approx(figures["acc,none"])
+    assert scored["acc_norm"] == pytest.approx(figures["acc_norm,none"])
