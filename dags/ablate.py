@@ -31,6 +31,13 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
         "source_stage": Param(
             "ingest", type="string", enum=["ingest", "crawl"], description="what the source is"
         ),
+        "mixture": Param(
+            [],
+            type="array",
+            items={"type": "object"},
+            description="instead of the snapshot: [{corpus, snapshots, weight, name}...] as data.mixture "
+            "declares one; every selected snapshot goes through each variant, trained with these weights",
+        ),
         "variants": Param(
             {"none": "preset", "rules": "preset", "rules+dedup": "preset"},
             type="object",

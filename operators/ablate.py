@@ -25,10 +25,14 @@ SPEC_KEYS = (
 
 
 def spec_of(params: Mapping[str, Any]) -> AblationSpec:
-    """The ablation the form describes; empty fields keep the spec's defaults."""
+    """The ablation the form describes; empty fields keep the spec's defaults. A ``mixture`` (as data.mixture
+    declares one) is the source in place of the snapshot."""
     data = {key: params[key] for key in SPEC_KEYS if key in params and params[key] not in (None, "", [], {})}
-    if params.get("source_stage"):
-        data["source"] = {"snapshot": data.get("source"), "stage": params["source_stage"]}
+    stage = params.get("source_stage") or "ingest"
+    if params.get("mixture"):
+        data["source"] = {"mixture": list(params["mixture"]), "stage": stage}
+    elif params.get("source_stage"):
+        data["source"] = {"snapshot": data.get("source"), "stage": stage}
     return parse_spec(data)
 
 

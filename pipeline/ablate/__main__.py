@@ -11,6 +11,7 @@ examples:
   pretrain ablate --snapshot 2026-11-29 --reference ref.jsonl --tokens 200000 \\
       --variant none --variant rules --variant rules+dedup --set model.preset=tiny --dry-run
   pretrain ablate --spec ablation.yaml          # name, source, variants, seeds, tokens, reference (YAML)
+  pretrain ablate --mixture '[{corpus: web, snapshots: last:2, weight: 3}, {corpus: books}]' ...
 
 A variant named like a preset (none, rules, rules+dedup) without overrides takes the preset's; add overrides
 with --variant NAME:KEY=VALUE (repeatable). A rerun skips finished stage outputs and trainings.
@@ -22,6 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from pipeline.ablate.spec import PRESETS, AblationSpec, parse_spec
 from pipeline.core.arguments import ArgumentParser
@@ -36,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec", type=Path, help="ablation YAML (pipeline/ablate/spec.py shows the keys)")
     parser.add_argument("--name", help="the ablation's name: its folder and MLflow run (default: ablation)")
     parser.add_argument("--snapshot", help="the source snapshot (the corpus stages' input)")
+    parser.add_argument(
+        "--mixture",
+        metavar="YAML",
+        help="instead of --snapshot, a weighted mixture of corpora and snapshots as data.mixture declares one, "
+        "e.g. '[{corpus: web, snapshots: last:2, weight: 3}, {corpus: books}]'",
+    )
     parser.add_argument(
         "--source-stage", choices=["ingest", "crawl"], help="what the source is (default ingest)"
     )
@@ -52,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1)")
     parser.add_argument("--eval-points", type=int, help="held-out evaluations during training (default 4)")
     parser.add_argument("--tokenizer", help="a stored tokenizer for every variant (default: train one)")
+    parser.add_argument(
+        "--task",
+        dest="tasks",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an lm-eval multiple-choice task present on this machine, scored too (repeatable)",
+    )
+    parser.add_argument("--task-folder", type=Path, help="a folder of your own lm-eval task YAMLs")
     parser.add_argument("--config", "-c", metavar="YAML", help="pipeline config (proxy model, training, ...)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
@@ -64,8 +82,17 @@ def spec_from_arguments(args: argparse.Namespace) -> AblationSpec:
     data: dict[str, Any] = dict(read_yaml_file(args.spec)) if args.spec else {}
     source = data.get("source") or {}
     source = {"snapshot": source} if isinstance(source, str) else dict(source)
+    if args.snapshot and args.mixture:
+        raise ConfigError("--snapshot or --mixture: the source is one snapshot or a mixture, not both")
     if args.snapshot:
+        source.pop("mixture", None)
         source["snapshot"] = args.snapshot
+    if args.mixture:
+        source.pop("snapshot", None)
+        try:
+            source["mixture"] = yaml.safe_load(args.mixture)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--mixture: not YAML: {exc}") from None
     if args.source_stage:
         source["stage"] = args.source_stage
     if source:
@@ -85,6 +112,10 @@ def spec_from_arguments(args: argparse.Namespace) -> AblationSpec:
             data[key] = getattr(args, key)
     if args.reference:
         data["reference"] = str(args.reference.resolve())
+    if args.tasks:
+        data["tasks"] = args.tasks
+    if args.task_folder:
+        data["task_folder"] = str(args.task_folder.resolve())
     if args.seeds:
         data["seeds"] = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     return parse_spec(data, args.spec.parent if args.spec else Path())

@@ -21,7 +21,7 @@ from typing import Any
 from pipeline.ablate.plan import Plan, ablation_ref
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.manifest import Manifest
-from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.core.storage import StageOutput
 from pipeline.evaluate.harness import TASK
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,10 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
     variants: dict[str, Any] = {}
     for variant in spec.variants:
         mine = [r for r in results if r["variant"] == variant.name]
-        tokenize = plan.final_tokens(variant.name).manifest()
-        documents = int(tokenize.rows.get("train_documents", 0)) + int(
-            tokenize.rows.get("validation_documents", 0)
+        tokenized = [ref.manifest() for ref in plan.final_tokens(variant.name)]
+        documents = sum(
+            int(manifest.rows.get("train_documents", 0)) + int(manifest.rows.get("validation_documents", 0))
+            for manifest in tokenized
         )
         scores: dict[str, Any] = {}
         curves: dict[str, list[dict[str, float]]] = {}
@@ -94,7 +95,8 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
             "epochs": fmean(r["epochs"] for r in mine) if mine else None,
             "documents": documents,
             "share_kept": documents / source_documents if source_documents else None,
-            "snapshot": plan.final_tokens(variant.name).snapshot,
+            "snapshot": plan.final_tokens(variant.name)[0].snapshot,
+            "tokenize_outputs": [f"{ref.corpus}/{ref.snapshot}" for ref in plan.final_tokens(variant.name)],
             "runs": {str(r["seed"]): r["run_id"] for r in mine},
             "eval": scores,
             "accuracy": accuracy,
@@ -108,6 +110,7 @@ def summarise(plan: Plan, results: list[dict[str, Any]], source_documents: int |
     return {
         "name": spec.name,
         "source": spec.to_dict()["source"],
+        "source_described": spec.source.describe(),
         "base": spec.base,
         "seeds": list(spec.seeds),
         "tokens": plan.tokens,
@@ -226,7 +229,7 @@ def page(comparison: dict[str, Any], plots: list[Path]) -> str:
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8">
 <title>Ablation: {title}</title><style>{PAGE_STYLE}</style></head><body>
 <h1>Ablation: {title}</h1>
-<p>Source {html.escape(comparison["source"]["stage"])}/{html.escape(comparison["source"]["snapshot"])}; every
+<p>Source {html.escape(comparison["source_described"])}; every
 variant trained on {comparison["tokens"]:,} tokens ({comparison["train_steps"]} steps) with seeds
 {html.escape(str(comparison["seeds"]))} and tokenizer {html.escape(comparison["tokenizer"])}.</p>
 <h2>Comparison</h2>{table_html(header, rows)}
@@ -313,12 +316,10 @@ def compare(
 ) -> Manifest:
     config = load_config(config_path, overrides)
     spec = plan.spec
-    source = DatasetRef(
-        config.project.data_root, config.project.corpus, spec.source.stage, spec.source.snapshot
-    )
-    source_documents = source.manifest().rows.get("documents")
+    counted = [part.ref.manifest().rows.get("documents") for part in plan.parts]
+    source_documents = None if None in counted else sum(int(count or 0) for count in counted)
     comparison = summarise(plan, results, source_documents)
-    inputs = [plan.final_tokens(variant.name) for variant in spec.variants]
+    inputs = [ref for variant in spec.variants for ref in plan.final_tokens(variant.name)]
     output = ablation_ref(config, spec)
     with StageOutput(output, config, inputs) as out:
         (out.path / "plots").mkdir()

@@ -67,10 +67,10 @@ class Overlap:
     of: int
 
 
-def find_overlaps(references: list[str], documents: dict[str, DatasetRef]) -> list[Overlap]:
+def find_overlaps(references: list[str], documents: dict[str, list[DatasetRef]]) -> list[Overlap]:
     """Reference documents that are (mostly) in a variant's documents: at least OVERLAP_SHARE of the reference
-    document's word 13-grams appear in one training document. ``documents``: variant -> the stage output whose
-    ``documents/`` the variant's tokenize stage reads."""
+    document's word 13-grams appear in one training document. ``documents``: variant -> the stage outputs
+    whose ``documents/`` the variant's tokenize stage reads (one per source part)."""
     import pyarrow.dataset as ds
 
     owners: defaultdict[int, list[int]] = defaultdict(list)
@@ -82,7 +82,7 @@ def find_overlaps(references: list[str], documents: dict[str, DatasetRef]) -> li
             owners[gram].append(index)
     found: list[Overlap] = []
     seen: set[tuple[int, str]] = set()
-    for variant, ref in documents.items():
+    for variant, ref in ((variant, ref) for variant, refs in documents.items() for ref in refs):
         dataset = ds.dataset(str(ref.path / "documents"), format="parquet")
         columns = [c for c in ("id", "url", "text") if c in dataset.schema.names]
         for batch in dataset.to_batches(columns=columns):
@@ -164,14 +164,14 @@ def read_task(path: Path) -> list[dict]:
 
 def checkpoint_scores(
     checkpoint: Path,
-    streams: dict[str, Path],
+    streams: dict[str, list[Path]],
     tasks: dict[str, list[dict]],
     tokenizer_file: Path,
     max_documents: int,
     batch_size: int,
 ) -> tuple[dict, dict]:
-    """One checkpoint's held-out loss on each eval set (the token-weighted mean over its documents) and its
-    accuracy on each multiple-choice task."""
+    """One checkpoint's held-out loss on each eval set (the token-weighted mean over its documents, read from
+    its folders, up to ``max_documents`` in all) and its accuracy on each multiple-choice task."""
     from tokenizers import Tokenizer
 
     from pipeline.data.loader import TokenStream
@@ -181,12 +181,14 @@ def checkpoint_scores(
 
     model = model_from_state(whole_model_checkpoint(checkpoint))
     losses = {}
-    for name, folder in streams.items():
-        stream = TokenStream(folder)
-        documents = min(max_documents, stream.num_documents)
-        sums, counts = document_losses(model, stream, documents, batch_size)
-        total = int(np.sum(counts))
-        losses[name] = {"loss": float(np.sum(sums)) / total if total else None, "tokens": total}
+    for name, folders in streams.items():
+        loss_sum, total = 0.0, 0
+        for folder in folders:
+            stream = TokenStream(folder)
+            documents = min(max(1, max_documents // len(folders)), stream.num_documents)
+            sums, counts = document_losses(model, stream, documents, batch_size)
+            loss_sum, total = loss_sum + float(np.sum(sums)), total + int(np.sum(counts))
+        losses[name] = {"loss": loss_sum / total if total else None, "tokens": total}
     tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tasks else None
     accuracy = {
         name: multiple_choice_accuracy(model, tokenizer, items) for name, items in tasks.items() if items

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +45,25 @@ class StageStep:
     input: DatasetRef
     output: DatasetRef
     action: str  # "run" | "reuse" (complete already) | "shared" (an earlier variant of this plan runs it)
+    part: int = 0  # which of the plan's source parts (one per source snapshot) this chain starts from
+
+
+@dataclass(frozen=True)
+class SourcePart:
+    """One snapshot the corpus stages start from: the source's own, or one a mixture source selected."""
+
+    source: str  # the mixture source's name (data.mixture's rule); the corpus for a single snapshot
+    ref: DatasetRef
 
 
 @dataclass(frozen=True)
 class Training:
     variant: str
     seed: int
-    tokens: DatasetRef  # the variant's token shards
+    tokens: tuple[DatasetRef, ...]  # the variant's token shards, one tokenize output per source part
     run_id: str
+    snapshot: str  # the train stage's folder: the tokenize output's snapshot, or the mixture's own name
+    mixture: tuple[dict[str, Any], ...] = ()  # data.mixture over the variant's outputs (a mixture source)
 
     @property
     def key(self) -> str:
@@ -68,15 +79,25 @@ class Plan:
     train_steps: int
     tokens_per_step: int
     checkpoint_every: int
-    variant_outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # variant -> stage -> snapshot
+    parts: list[SourcePart]
+    root: str  # project.data_root
+    corpus: str  # project.corpus: where the trainings, the shared tokenizer and the comparison go
 
     @property
     def tokens(self) -> int:
         """What every training sees: the budget rounded up to whole optimizer steps."""
         return self.train_steps * self.tokens_per_step
 
-    def final_tokens(self, variant: str) -> DatasetRef:
-        return next(s.output for s in reversed(self.steps) if s.variant == variant)
+    def stage_outputs(self, variant: str, stage: str) -> list[DatasetRef]:
+        """The variant's outputs of one stage, one per source part, in part order."""
+        return [s.output for s in self.steps if s.variant == variant and s.stage == stage]
+
+    def stage_inputs(self, variant: str, stage: str) -> list[DatasetRef]:
+        return [s.input for s in self.steps if s.variant == variant and s.stage == stage]
+
+    def final_tokens(self, variant: str) -> list[DatasetRef]:
+        """The variant's token shards (its tokenize outputs), one per source part."""
+        return self.stage_outputs(variant, corpus_chain()[-1])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,14 +108,20 @@ class Plan:
                     "variant": s.variant,
                     "stage": s.stage,
                     "snapshot": s.output.snapshot,
-                    "input": f"{s.input.stage}/{s.input.snapshot}",
+                    "input": f"{s.input.corpus}/{s.input.stage}/{s.input.snapshot}",
                     "identity": s.identity,
                     "action": s.action,
                 }
                 for s in self.steps
             ],
             "trainings": [
-                {"variant": t.variant, "seed": t.seed, "snapshot": t.tokens.snapshot, "run_id": t.run_id}
+                {
+                    "variant": t.variant,
+                    "seed": t.seed,
+                    "snapshot": t.snapshot,
+                    "tokens": [f"{ref.corpus}/{ref.snapshot}" for ref in t.tokens],
+                    "run_id": t.run_id,
+                }
                 for t in self.trainings
             ],
             "train_steps": self.train_steps,
@@ -107,13 +134,14 @@ class Plan:
         """The plan as a person reads it (``--dry-run``)."""
         lines = [
             f"ablation {self.spec.name}: {len(self.spec.variants)} variants x {len(self.spec.seeds)} seeds "
-            f"from {self.spec.source.stage}/{self.spec.source.snapshot}; base {self.spec.base}; "
+            f"from {self.spec.source.describe()}; base {self.spec.base}; "
             f"tokenizer {self.tokenizer}",
             "corpus stages:",
         ]
         for s in self.steps:
+            corpus = f"{s.output.corpus}/" if len({p.ref.corpus for p in self.parts}) > 1 else ""
             lines.append(
-                f"  {s.variant:<16} {s.stage:<14} {s.action:<7} -> {s.output.stage}/{s.output.snapshot}"
+                f"  {s.variant:<16} {s.stage:<14} {s.action:<7} -> {corpus}{s.output.stage}/{s.output.snapshot}"
             )
         counts = {
             action: sum(s.action == action for s in self.steps) for action in ("run", "shared", "reuse")
@@ -127,9 +155,7 @@ class Plan:
             f"{self.tokens:,} tokens each; eval every {self.checkpoint_every} steps)"
         )
         for t in self.trainings:
-            done = DatasetRef(
-                t.tokens.root, t.tokens.corpus, "train", t.tokens.snapshot, t.run_id
-            ).is_complete()
+            done = train_output(self, t).is_complete()
             lines.append(f"  {t.variant:<16} seed {t.seed:<4} run {t.run_id}{' (done)' if done else ''}")
         return "\n".join(lines)
 
@@ -138,15 +164,31 @@ def tokenizer_name(spec: AblationSpec) -> str:
     return spec.tokenizer or f"ablate-{spec.name}"
 
 
-def base_config(spec: AblationSpec, config_path: str | Path | None, overrides: list[str]) -> PipelineConfig:
-    return load_config(config_path, [*overrides, f"tokenize.tokenizer={tokenizer_name(spec)}"])
+def base_config(
+    spec: AblationSpec, config_path: str | Path | None, overrides: list[str], tokenizer: str | None = None
+) -> PipelineConfig:
+    return load_config(config_path, [*overrides, f"tokenize.tokenizer={tokenizer or tokenizer_name(spec)}"])
 
 
 def variant_config(
-    spec: AblationSpec, variant: Variant, config_path: str | Path | None, overrides: list[str]
+    spec: AblationSpec,
+    variant: Variant,
+    config_path: str | Path | None,
+    overrides: list[str],
+    tokenizer: str | None = None,
+    corpus: str | None = None,
 ) -> PipelineConfig:
+    """The config a variant's stages run with: the common one, the shared tokenizer, the variant's
+    overrides, and for a source part in another corpus that corpus (its stages read and write there)."""
+    elsewhere = [f"project.corpus={corpus}"] if corpus else []
     return load_config(
-        config_path, [*overrides, f"tokenize.tokenizer={tokenizer_name(spec)}", *variant.overrides]
+        config_path,
+        [
+            *overrides,
+            *elsewhere,
+            f"tokenize.tokenizer={tokenizer or tokenizer_name(spec)}",
+            *variant.overrides,
+        ],
     )
 
 
@@ -167,37 +209,98 @@ def tokens_per_step(config: PipelineConfig) -> int:
     return train.batch_size * train.seq_len * train.grad_accum * data_parallel
 
 
+def tokenizer_reference(spec: AblationSpec, home: str) -> str:
+    """How every variant's tokenize names the one tokenizer: qualified by the corpus that stores it
+    (``CORPUS/NAME``), since a source part in another corpus would look for a bare name in its own."""
+    name = tokenizer_name(spec)
+    return name if "/" in name else f"{home}/{name}"
+
+
+def source_parts(spec: AblationSpec, config: PipelineConfig) -> list[SourcePart]:
+    """The snapshots the corpus stages start from: the source snapshot, or each snapshot every mixture
+    source selects among the complete outputs of the source stage (a MixtureError names the source)."""
+    from pipeline.data.mixture import resolve_source
+
+    root, corpus, stage = config.project.data_root, config.project.corpus, spec.source.stage
+    if not spec.source.mixture:
+        return [SourcePart(corpus, DatasetRef(root, corpus, stage, spec.source.snapshot))]
+    parts: list[SourcePart] = []
+    names = spec.source.source_names()
+    for index, (name, source) in enumerate(zip(names, spec.source.mixture, strict=True)):
+        refs, _ = resolve_source(root, f"source.mixture[{index}] ({name})", source, source.selection, stage)
+        parts.extend(SourcePart(name, ref) for ref in refs)
+    return parts
+
+
 def make_plan(spec: AblationSpec, config_path: str | Path | None, overrides: list[str]) -> Plan:
-    config = base_config(spec, config_path, overrides)
-    root, corpus = config.project.data_root, config.project.corpus
-    source = DatasetRef(root, corpus, spec.source.stage, spec.source.snapshot)
-    source_identity = source.manifest().digest  # MissingInputError names the missing source
+    home = load_config(config_path, overrides)
+    root = home.project.data_root
+    parts = source_parts(spec, home)
+    tokenizer = tokenizer_reference(spec, home.project.corpus)
+    config = base_config(spec, config_path, overrides, tokenizer)
     steps: list[StageStep] = []
-    planned: set[str] = set()
-    outputs: dict[str, dict[str, str]] = {}
+    planned: set[DatasetRef] = set()
     for variant in spec.variants:
-        vconfig = variant_config(spec, variant, config_path, overrides)
-        upstream, identity = source, source_identity
-        outputs[variant.name] = {}
-        for name in corpus_chain():
-            identity = stage_identity(vconfig, name, identity)
-            output = DatasetRef(root, corpus, name, variant_snapshot(spec.source.snapshot, identity))
-            action = "shared" if identity in planned else ("reuse" if output.is_complete() else "run")
-            planned.add(identity)
-            steps.append(StageStep(variant.name, name, identity, upstream, output, action))
-            outputs[variant.name][name] = output.snapshot
-            upstream = output
+        for index, part in enumerate(parts):
+            vconfig = variant_config(spec, variant, config_path, overrides, tokenizer, part.ref.corpus)
+            upstream = part.ref
+            identity = part.ref.manifest().digest  # MissingInputError names the missing source
+            for name in corpus_chain():
+                identity = stage_identity(vconfig, name, identity)
+                output = DatasetRef(
+                    root, part.ref.corpus, name, variant_snapshot(part.ref.snapshot, identity)
+                )
+                action = "shared" if output in planned else ("reuse" if output.is_complete() else "run")
+                planned.add(output)
+                steps.append(StageStep(variant.name, name, identity, upstream, output, action, index))
+                upstream = output
     per_step = tokens_per_step(config)
     train_steps = max(1, math.ceil(spec.tokens / per_step))
     every = max(1, train_steps // spec.eval_points)
     recipe = training_recipe(config, train_steps, every)
     trainings = []
     for variant in spec.variants:
-        final = next(s.output for s in reversed(steps) if s.variant == variant.name)
+        final = [s for s in steps if s.variant == variant.name and s.stage == corpus_chain()[-1]]
+        tokens = tuple(step.output for step in final)
+        snapshot, mixture = tokens[0].snapshot, tuple[dict[str, Any], ...]()
+        if spec.source.mixture:
+            # The run's folder, named after the ablation and the variant's token outputs.
+            snapshot = variant_snapshot(spec.name, combined_identity([step.identity for step in final]))
+            mixture = training_mixture(spec, parts, tokens)
         for seed in spec.seeds:
             run_id = f"ab-{spec.name}-{variant.slug}-s{seed}-{recipe}"
-            trainings.append(Training(variant.name, seed, final, run_id))
-    return Plan(spec, tokenizer_name(spec), steps, trainings, train_steps, per_step, every, outputs)
+            trainings.append(Training(variant.name, seed, tokens, run_id, snapshot, mixture))
+    return Plan(
+        spec, tokenizer, steps, trainings, train_steps, per_step, every, parts, root, home.project.corpus
+    )
+
+
+def combined_identity(identities: list[str]) -> str:
+    return hashlib.sha256("\n".join(identities).encode()).hexdigest()[:16]
+
+
+def training_mixture(
+    spec: AblationSpec, parts: list[SourcePart], tokens: tuple[DatasetRef, ...]
+) -> tuple[dict[str, Any], ...]:
+    """``data.mixture`` for one variant: the spec's sources, names and weights, each naming the variant's
+    tokenize outputs of the snapshots that source selected."""
+    mixture = []
+    for name, source in zip(spec.source.source_names(), spec.source.mixture, strict=True):
+        mine = [ref for part, ref in zip(parts, tokens, strict=True) if part.source == name]
+        mixture.append(
+            {
+                "name": name,
+                "corpus": source.corpus,
+                "snapshots": [ref.snapshot for ref in mine],
+                "weight": source.weight,
+            }
+        )
+    return tuple(mixture)
+
+
+def train_output(plan: Plan, training: Training) -> DatasetRef:
+    """Where a training's run is published: ``train/<snapshot>/<run_id>`` of the project's corpus."""
+    return DatasetRef(plan.root, plan.corpus, "train", training.snapshot, training.run_id)
 
 
 def training_recipe(config: PipelineConfig, train_steps: int, every: int) -> str:
@@ -211,9 +314,12 @@ def training_recipe(config: PipelineConfig, train_steps: int, every: int) -> str
 
 def training_overrides(plan: Plan, training: Training) -> list[str]:
     """What makes every training the same but its seed: steps (so tokens), checkpoints at the eval points,
-    packed batches (every step exactly tokens_per_step tokens), the seed and the run's name."""
+    packed batches (every step exactly tokens_per_step tokens), the seed and the run's name; for a mixture
+    source, the variant's mixture."""
     checkpoints = math.ceil(plan.train_steps / plan.checkpoint_every)
+    mixture = [f"data.mixture={json.dumps(list(training.mixture))}"] if training.mixture else []
     return [
+        *mixture,
         f"project.seed={training.seed}",
         f"train.steps={plan.train_steps}",
         f"train.checkpoint_every={plan.checkpoint_every}",

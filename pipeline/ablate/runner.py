@@ -24,14 +24,15 @@ from typing import Any
 from pipeline.ablate import heldout
 from pipeline.ablate.plan import (
     Plan,
-    StageStep,
     Training,
+    base_config,
     make_plan,
+    train_output,
     training_overrides,
     variant_config,
     work_folder,
 )
-from pipeline.ablate.spec import AblationSpec
+from pipeline.ablate.spec import AblationSpec, corpus_chain
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
@@ -68,59 +69,54 @@ def say(message: str) -> None:
     print(f"ablate: {message}", file=sys.stderr, flush=True)
 
 
-def ensure_tokenizer(plan: Plan, config: PipelineConfig, first_output: DatasetRef | None) -> None:
+def ensure_tokenizer(plan: Plan, config: PipelineConfig) -> None:
     """The one tokenizer of every variant: the named stored one, or one trained once on the base's unfiltered
-    documents (the source when it holds documents, else the base variant's first stage output) and stored."""
-    from pipeline.tokenization.store import load_stored, stored_names
+    documents (every source part's, where the source holds documents, else the base variant's first stage
+    outputs) and stored in the project's corpus."""
+    from pipeline.tokenization.store import parse_reference, resolve_reference, stored_names
     from pipeline.tokenization.tokenizer_cli import train
 
-    root, corpus = config.project.data_root, config.project.corpus
-    if plan.spec.tokenizer is not None or plan.tokenizer in stored_names(root, corpus):
-        from pipeline.tokenization.store import resolve_reference
-
+    corpus, name = parse_reference(plan.tokenizer, plan.corpus)
+    if plan.spec.tokenizer is not None or name in stored_names(plan.root, corpus):
         stored = resolve_reference(config, plan.tokenizer)
         say(f"tokenizer {stored.corpus}/{stored.name} (digest {stored.digest})")
         return
-    source = DatasetRef(root, corpus, plan.spec.source.stage, plan.spec.source.snapshot)
-    if not (source.path / TOKENIZER_STAGE_INPUT).is_dir():
-        if first_output is None:
-            raise StageFailure("no documents to train the ablation's tokenizer on")
-        source = first_output
-    say(f"training the shared tokenizer {plan.tokenizer} on {source.stage}/{source.snapshot}")
-    train(config, plan.tokenizer, [f"{corpus}:{source.snapshot}"], source.stage)
-    load_stored(root, corpus, plan.tokenizer)
+    sources = [part.ref for part in plan.parts]
+    if not all((ref.path / TOKENIZER_STAGE_INPUT).is_dir() for ref in sources):
+        sources = plan.stage_outputs(plan.spec.base, corpus_chain()[0])
+    shown = ", ".join(f"{ref.corpus}/{ref.stage}/{ref.snapshot}" for ref in sources)
+    say(f"training the shared tokenizer {plan.tokenizer} on {shown}")
+    train(config, name, [f"{ref.corpus}:{ref.snapshot}" for ref in sources], sources[0].stage)
 
 
 def run_corpus_stages(
     plan: Plan, config_path: str | Path | None, overrides: list[str], progress: Progress
 ) -> None:
-    base = load_config(config_path, [*overrides, f"tokenize.tokenizer={plan.tokenizer}"])
+    base = base_config(plan.spec, config_path, overrides, plan.tokenizer)
     tokenizer_ready = False
     by_variant = {variant.name: variant for variant in plan.spec.variants}
     for step in plan.steps:
         if step.stage == "tokenize" and not tokenizer_ready:
-            first = next(s.output for s in plan.steps if s.variant == plan.spec.base)
-            ensure_tokenizer(plan, base, first)
+            ensure_tokenizer(plan, base)  # after the base's first stages: it may train on their output
             tokenizer_ready = True
         if step.output.is_complete():
             continue  # reused: another variant (or an earlier run) made this very output
-        config = variant_config(plan.spec, by_variant[step.variant], config_path, overrides)
-        say(f"{step.variant}: {step.stage} -> {step.output.snapshot}")
+        config = variant_config(
+            plan.spec, by_variant[step.variant], config_path, overrides, plan.tokenizer, step.output.corpus
+        )
+        say(f"{step.variant}: {step.stage} -> {step.output.corpus}/{step.output.snapshot}")
         stage_runner(step.stage)(config, [step.input], step.output)
         progress.stages_run.append((step.variant, step.stage))
 
 
-def final_documents(plan: Plan) -> dict[str, DatasetRef]:
-    """Per variant, the documents its tokenize stage read: what it trains on."""
-    found = {}
-    for variant in plan.spec.variants:
-        steps = [s for s in plan.steps if s.variant == variant.name]
-        found[variant.name] = next(s.input for s in steps if s.stage == "tokenize")
-    return found
+def final_documents(plan: Plan) -> dict[str, list[DatasetRef]]:
+    """Per variant, the documents its tokenize stage read (one output per source part): what it trains on."""
+    return {variant.name: plan.stage_inputs(variant.name, "tokenize") for variant in plan.spec.variants}
 
 
-def tokenize_step(plan: Plan, variant: str) -> StageStep:
-    return next(s for s in plan.steps if s.variant == variant and s.stage == "tokenize")
+def tokenizer_file(plan: Plan) -> Path:
+    """The shared tokenizer, as the base's first tokenize output holds it (every output holds the same)."""
+    return plan.final_tokens(plan.spec.base)[0].path / "tokenizer.json"
 
 
 def prepare(
@@ -133,8 +129,9 @@ def prepare(
     local_tasks = {name: local_task(spec, name) for name in spec.tasks}  # refused before any stage runs
     run_corpus_stages(plan, config_path, overrides, progress)
     digests = {
-        variant.name: tokenize_step(plan, variant.name).output.manifest().files["tokenizer.json"].sha256
+        f"{variant.name} {ref.corpus}/{ref.snapshot}": ref.manifest().files["tokenizer.json"].sha256
         for variant in spec.variants
+        for ref in plan.final_tokens(variant.name)
     }
     if len(set(digests.values())) != 1:
         raise StageFailure(f"the variants were tokenized with different tokenizers: {digests}")
@@ -142,7 +139,7 @@ def prepare(
     heldout.refuse_overlaps(spec.reference, heldout.find_overlaps(texts, final_documents(plan)))
     config = load_config(config_path, overrides)
     folder = work_folder(config, spec)
-    base_tokens = tokenize_step(plan, spec.base).output
+    base_tokens = plan.final_tokens(spec.base)[0]
     staging = folder / ".reference-staging"
     if staging.exists():
         import shutil
@@ -196,14 +193,19 @@ def eval_tasks(plan: Plan, config: PipelineConfig) -> dict[str, list[dict]]:
     return tasks
 
 
-def eval_streams(plan: Plan, config: PipelineConfig) -> dict[str, Path]:
+def eval_streams(plan: Plan, config: PipelineConfig) -> dict[str, list[Path]]:
+    """The held-out token streams every checkpoint is scored on: the reference, and the base variant's
+    validation split (per mixture source, ``base_validation.<source>``, over the snapshots it selected)."""
     from pipeline.tokenization.job import DESCRIBED_SPLIT
 
-    streams = {REFERENCE: work_folder(config, plan.spec) / REFERENCE}
-    validation = tokenize_step(plan, plan.spec.base).output.path / DESCRIBED_SPLIT
-    if any(validation.glob("*.idx")):
-        streams[BASE_VALIDATION] = validation
-    return streams
+    streams = {REFERENCE: [work_folder(config, plan.spec) / REFERENCE]}
+    by_source: dict[str, list[Path]] = {}
+    for part, tokens in zip(plan.parts, plan.final_tokens(plan.spec.base), strict=True):
+        validation = tokens.path / DESCRIBED_SPLIT
+        if any(validation.glob("*.idx")):
+            name = f"{BASE_VALIDATION}.{part.source}" if plan.spec.source.mixture else BASE_VALIDATION
+            by_source.setdefault(name, []).append(validation)
+    return {**streams, **by_source}
 
 
 def training_config(
@@ -229,7 +231,7 @@ def train_and_evaluate(
 
     progress = progress or Progress()
     config = training_config(plan, training, config_path, overrides)
-    output = DatasetRef.of(config, "train", training.tokens.snapshot, training.run_id)
+    output = train_output(plan, training)
     if output.is_complete():
         progress.trainings_skipped.append(training.key)
     else:
@@ -238,8 +240,8 @@ def train_and_evaluate(
         )
         train(
             config,
-            [training.tokens],
-            training.tokens.snapshot,
+            list(training.tokens),
+            training.snapshot,
             on_line=lambda line: print(line, file=sys.stderr, flush=True),
         )
         progress.trainings_run.append(training.key)
@@ -262,15 +264,14 @@ def train_and_evaluate(
             checkpoints.path_for(step),
             streams,
             tasks,
-            tokenize_step(plan, plan.spec.base).output.path / "tokenizer.json",
+            tokenizer_file(plan),
             plan.spec.max_eval_documents,
             config.evaluate.batch_size,
         )
         points.append(
             {"step": step, "tokens": step * plan.tokens_per_step, "losses": losses, "accuracy": accuracy}
         )
-    tokenize = training.tokens.manifest()
-    train_tokens = int(tokenize.counters["tokens"]["train"])
+    train_tokens = sum(int(ref.manifest().counters["tokens"]["train"]) for ref in training.tokens)
     result = {
         "version": EVALUATION_VERSION,
         "tasks": sorted(tasks),

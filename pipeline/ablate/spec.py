@@ -2,7 +2,8 @@
 budget and a fixed held-out reference; read from a YAML file and/or command-line flags, checked before any work.
 
     name: recipe
-    source: {snapshot: 2026-11-29, stage: ingest}   # the corpus stages' input; one snapshot for now
+    source: {snapshot: 2026-11-29, stage: ingest}   # the corpus stages' input: a snapshot, or a mixture:
+    # source: {stage: ingest, mixture: [{corpus: web, snapshots: last:2, weight: 3}, {corpus: books, weight: 1}]}
     base: none
     variants:
       none: preset                                  # a preset's overrides (PRESETS below)
@@ -27,9 +28,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import ValidationError
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import validate_snapshot
+from pipeline.data.config import DataConfig, MixtureSource
 from pipeline.evaluate.harness import TASK
 from pipeline.stages import CORPUS_SOURCES, downstream, group, stage
 
@@ -80,12 +83,42 @@ PRESETS: dict[str, list[str]] = {
 
 @dataclass(frozen=True)
 class Source:
-    """Where the variants start: one snapshot of the stage whose output is clean's input (a crawl or an
-    ingest). ``kind`` is the seam for a weighted mixture of corpora and snapshots, once training reads one."""
+    """Where the variants start, in the stage whose output is clean's input (a crawl or an ingest): one
+    ``snapshot`` of the project's corpus, or a ``mixture``: corpora, snapshot selections and weights as
+    ``data.mixture`` declares them. Every snapshot a mixture selects goes through each variant's corpus
+    stages, and each variant trains on the same mixture (the same weights) of its own outputs."""
 
-    snapshot: str
+    snapshot: str = ""
     stage: str = "ingest"
-    kind: Literal["snapshot"] = "snapshot"
+    mixture: tuple[MixtureSource, ...] = ()
+
+    @property
+    def kind(self) -> Literal["snapshot", "mixture"]:
+        return "mixture" if self.mixture else "snapshot"
+
+    def source_names(self) -> list[str]:
+        """The mixture's sources as training names them (``data.mixture``'s rule)."""
+        return DataConfig(mixture=list(self.mixture)).source_names() if self.mixture else []
+
+    def describe(self) -> str:
+        if not self.mixture:
+            return f"{self.stage}/{self.snapshot}"
+        total = sum(source.weight for source in self.mixture)
+        parts = [
+            (f"{name}=" if name != source.corpus else "")
+            + f"{source.corpus}:{source.selection.describe()} ({source.weight / total:.2f})"
+            for name, source in zip(self.source_names(), self.mixture, strict=True)
+        ]
+        return f"{self.stage} mixture " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.mixture:
+            return {"kind": self.kind, "snapshot": self.snapshot, "stage": self.stage}
+        return {
+            "kind": self.kind,
+            "stage": self.stage,
+            "mixture": [source.model_dump(mode="json", exclude_none=True) for source in self.mixture],
+        }
 
 
 @dataclass(frozen=True)
@@ -120,7 +153,8 @@ class AblationSpec:
             raise ConfigError(f"ablation name {self.name!r} must match {ABLATION_NAME.pattern}")
         if self.source.stage not in CORPUS_SOURCES:
             raise ConfigError(f"source.stage {self.source.stage!r}: one of {list(CORPUS_SOURCES)}")
-        validate_snapshot(self.source.snapshot)
+        if not self.source.mixture:
+            validate_snapshot(self.source.snapshot)
         if len(self.variants) < 2:
             raise ConfigError("an ablation compares at least two variants (a base and one change)")
         names = [variant.name for variant in self.variants]
@@ -168,11 +202,7 @@ class AblationSpec:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "source": {
-                "kind": self.source.kind,
-                "snapshot": self.source.snapshot,
-                "stage": self.source.stage,
-            },
+            "source": self.source.to_dict(),
             "base": self.base,
             "variants": {variant.name: list(variant.overrides) for variant in self.variants},
             "seeds": list(self.seeds),
@@ -212,6 +242,42 @@ def _variant(name: str, value: Any) -> Variant:
     )
 
 
+def parse_source(source: Any) -> Source:
+    """``NAME``, ``{snapshot: NAME, stage: ingest}`` or ``{mixture: [{corpus, snapshots, weight, name}...],
+    stage: ingest}`` (``kind``, if given, says which)."""
+    if isinstance(source, str):
+        source = {"snapshot": source}
+    if not isinstance(source, dict):
+        raise ConfigError("ablation spec: source is a snapshot name or a mapping")
+    kind = source.get("kind") or ("mixture" if "mixture" in source else "snapshot")
+    unknown = sorted(set(source) - {"kind", "snapshot", "stage", "mixture"})
+    if unknown:
+        raise ConfigError(f"ablation spec: source: unknown keys {unknown}")
+    stage = str(source.get("stage", "ingest"))
+    if kind == "snapshot":
+        if not source.get("snapshot") or "mixture" in source:
+            raise ConfigError("ablation spec: source needs a snapshot ({snapshot: NAME, stage: ingest})")
+        return Source(snapshot=str(source["snapshot"]), stage=stage)
+    if kind != "mixture":
+        raise ConfigError(f"ablation spec: source.kind {kind!r}: 'snapshot' or 'mixture'")
+    declared = source.get("mixture")
+    if "snapshot" in source or not isinstance(declared, list) or not declared:
+        raise ConfigError(
+            "ablation spec: a mixture source is {mixture: [{corpus: NAME, snapshots: ..., weight: W}, ...]}, "
+            "as data.mixture declares one"
+        )
+    try:
+        mixture = DataConfig(mixture=declared).mixture or []
+    except ValidationError as exc:
+        problems = "; ".join(
+            ".".join(["source", *(str(part) for part in error["loc"])])
+            + f": {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"ablation spec: {problems}") from None
+    return Source(stage=stage, mixture=tuple(mixture))
+
+
 def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec:
     """An ``AblationSpec`` from a mapping as the YAML file holds it; ConfigError names what is wrong."""
     known = {
@@ -234,13 +300,7 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
     for required in ("source", "variants", "reference", "tokens"):
         if data.get(required) in (None, "", {}, []):
             raise ConfigError(f"ablation spec: {required} is required")
-    source = data["source"]
-    if isinstance(source, str):
-        source = {"snapshot": source}
-    if not isinstance(source, dict) or "snapshot" not in source:
-        raise ConfigError("ablation spec: source needs a snapshot ({snapshot: NAME, stage: ingest})")
-    if source.get("kind", "snapshot") != "snapshot":
-        raise ConfigError("ablation spec: source.kind: only 'snapshot' for now (mixtures come later)")
+    source = parse_source(data["source"])
     variants = data["variants"]
     if isinstance(variants, list):
         variants = {name: None for name in variants}
@@ -258,7 +318,7 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
     try:
         return AblationSpec(
             name=str(data.get("name") or "ablation"),
-            source=Source(snapshot=str(source["snapshot"]), stage=str(source.get("stage", "ingest"))),
+            source=source,
             variants=tuple(_variant(str(name), value) for name, value in variants.items()),
             reference=reference if reference.is_absolute() else base_folder / reference,
             tokens=int(data["tokens"]),

@@ -113,9 +113,11 @@ def _corpora(root: str) -> list[str]:
     )
 
 
-def _resolve_source(
+def resolve_source(
     root: str, where: str, source: MixtureSource, selection: SnapshotSelection, stage: str
 ) -> tuple[list[DatasetRef], list[Manifest]]:
+    """The complete ``stage`` outputs of one source's corpus that its selection picks (``where`` names the
+    source in errors), with their manifests."""
     if not (local_path(root) / source.corpus).is_dir():
         raise MixtureError(
             f"{where}: unknown corpus {source.corpus!r}; corpora under {root}: {_corpora(root)}"
@@ -190,7 +192,7 @@ def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKEN
     resolved = []
     for index, (source, name) in enumerate(zip(declared, names, strict=True)):
         where = f"data.mixture[{index}] ({name})" if not is_default else f"snapshot {snapshot}"
-        refs, manifests = _resolve_source(root, where, source, source.selection, stage)
+        refs, manifests = resolve_source(root, where, source, source.selection, stage)
         resolved.append((name, refs, manifests))
     digest, facts = _check_one_tokenizer(resolved)
     total = sum(source.weight for source in declared)

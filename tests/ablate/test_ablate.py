@@ -13,7 +13,7 @@ import pytest
 from pipeline.ablate.heldout import ReferenceOverlapError
 from pipeline.ablate.plan import make_plan
 from pipeline.ablate.runner import Progress, prepare, run_ablation
-from pipeline.ablate.spec import parse_spec
+from pipeline.ablate.spec import corpus_chain, parse_spec
 from pipeline.core.storage import DatasetRef
 from tests.ablate.corpus import PROXY, TOKENS, build
 from tests.conftest import make_config
@@ -83,7 +83,7 @@ def test_variants_differing_only_in_dedup_share_one_clean_output(ablation):
     config = ablation["config"]
     for stage in ("clean", "dedup", "tokenize"):
         assert not DatasetRef.of(config, stage, SNAPSHOT).path.exists()
-        assert all(name.startswith(f"{SNAPSHOT}.ab-") for name in plan.variant_outputs["none"].values())
+        assert all(s.output.snapshot.startswith(f"{SNAPSHOT}.ab-") for s in plan.steps if s.variant == "none")
 
 
 def test_every_variant_trains_on_the_same_tokens_and_reports_its_epochs(ablation):
@@ -152,13 +152,66 @@ def test_a_rerun_runs_only_the_training_that_did_not_finish(ablation):
     config = ablation["config"]
     plan = make_plan(ablation["spec"], None, ablation["overrides"])
     unfinished = plan.trainings[-1]
-    shutil.rmtree(DatasetRef.of(config, "train", unfinished.tokens.snapshot, unfinished.run_id).path)
+    shutil.rmtree(DatasetRef.of(config, "train", unfinished.snapshot, unfinished.run_id).path)
     evaluation_path(config, plan, unfinished).unlink()
     progress = Progress()
     run_ablation(ablation["spec"], None, ablation["overrides"], progress)
     assert progress.stages_run == [] and progress.trainings_run == [unfinished.key]
     assert sorted(progress.trainings_skipped) == sorted(t.key for t in plan.trainings[:-1])
     assert {step.action for step in plan.steps} == {"reuse", "shared"}
+
+
+def test_a_mixture_source_trains_each_variant_on_the_weighted_mixture_of_its_own_outputs(ablation, tmp_path):
+    """A mixture of the module's snapshot (weight 3) and a second corpus's small snapshot (weight 1): every
+    part goes through each variant's stages in its own corpus (the first part's outputs, made by the module's
+    ablation, are reused), and each variant trains on both of its token outputs with those weights."""
+    from pipeline.ablate.plan import train_output
+    from pipeline.ingest import job as ingest_job
+
+    config, overrides = ablation["config"], ablation["overrides"]
+    home = config.project.corpus
+    pages = ablation["corpus"].corpus.read_text().splitlines()[::7]  # a sample of every kind of page
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "pages.jsonl").write_text("\n".join(pages) + "\n")
+    sources = f"ingest.sources=[{tmp_path / 'extra'}]"
+    extra = make_config(config.project.data_root, *overrides, "project.corpus=extra", sources)
+    ingest_job.run(extra, [], DatasetRef.of(extra, "ingest", "e1"))
+    spec = parse_spec(
+        {
+            "name": "mix",
+            "source": {
+                "mixture": [{"corpus": home, "snapshots": [SNAPSHOT], "weight": 3}, {"corpus": "extra"}]
+            },
+            "variants": ["rules", "rules+dedup"],
+            "seeds": [0],
+            "reference": str(ablation["corpus"].reference),
+            "tokens": TOKENS // 5,
+            "eval_points": 2,
+            "tokenizer": ablation["comparison"]["tokenizer"],
+        }
+    )
+    progress = Progress()
+    manifest = run_ablation(spec, None, overrides, progress)
+    plan = make_plan(spec, None, overrides)
+
+    # Only the new corpus's part ran: clean once (shared by the two variants), every later stage per variant.
+    assert sorted(progress.stages_run) == sorted(
+        [("rules", "clean")] + [(v, s) for v in ("rules", "rules+dedup") for s in corpus_chain()[1:]]
+    )
+    assert {s.output.corpus for s in plan.steps if s.action == "run"} <= {"extra"}
+    comparison = json.loads((Path(manifest.path) / "comparison.json").read_text())
+    assert comparison["source"]["kind"] == "mixture" and "extra:all (0.25)" in comparison["source_described"]
+    assert {f"base_validation.{home}", "reference"} <= set(comparison["eval_sets"])
+    for training in plan.trainings:
+        trained = train_output(plan, training).manifest()
+        read = {entry["path"] for entry in trained.inputs}
+        assert read == {str(ref.path) for ref in plan.final_tokens(training.variant)}
+        assert {ref.corpus for ref in training.tokens} == {home, "extra"}
+        assert int(trained.counters["tokens_seen"]) == plan.tokens
+        entry = comparison["variants"][training.variant]
+        assert entry["train_tokens_available"] == sum(
+            int(ref.manifest().counters["tokens"]["train"]) for ref in training.tokens
+        )
 
 
 def test_a_reference_that_overlaps_training_data_is_refused_naming_both(ablation, tmp_path):

@@ -38,3 +38,13 @@ def test_the_form_makes_a_spec(dag):
         {**params, "source": "s", "reference": "/r.jsonl", "tasks": ["mine"], "task_folder": "/t"}
     )
     assert with_tasks.tasks == ("mine",) and str(with_tasks.task_folder) == "/t"
+
+
+def test_a_mixture_in_the_form_is_the_source(dag):
+    from operators.ablate import spec_of
+
+    params = {name: dag.params[name] for name in dag.params}
+    mixture = [{"corpus": "web", "snapshots": "last:2", "weight": 3}, {"corpus": "books"}]
+    spec = spec_of({**params, "source": "ignored", "reference": "/r.jsonl", "mixture": mixture})
+    assert spec.source.kind == "mixture" and spec.source.stage == "ingest"
+    assert [(s.corpus, s.weight) for s in spec.source.mixture] == [("web", 3.0), ("books", 1.0)]

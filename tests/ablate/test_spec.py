@@ -39,6 +39,12 @@ def test_presets_and_defaults():
         ({"tasks": ["arc_easy", "arc_easy"]}, "distinct lm-eval task names"),
         ({"tasks": ["pretrain_heldout_continuation"]}, "distinct lm-eval task names"),
         ({"tasks": [3]}, "list of lm-eval task names"),
+        ({"source": {"mixture": [{"corpus": "a b"}]}}, r"source.mixture.0.corpus: String should match"),
+        ({"source": {"mixture": [{"corpus": "w", "weight": 0}]}}, r"source.mixture.0.weight"),
+        ({"source": {"mixture": [{"corpus": "w"}, {"corpus": "w"}]}}, r"both called \['w:all'\]"),
+        ({"source": {"kind": "mixture", "snapshot": "s1"}}, "a mixture source is"),
+        ({"source": {"kind": "blend", "snapshot": "s1"}}, "'snapshot' or 'mixture'"),
+        ({"source": {"snapshot": "s1", "corpus": "w"}}, r"unknown keys \['corpus'\]"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_problem(changes, message):
