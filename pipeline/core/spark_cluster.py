@@ -154,9 +154,14 @@ class StandaloneCluster:
                         f"spark {name} exited with status {process.returncode}:\n{self.log_tail(name)}"
                     )
             if time.monotonic() > end:
+                # Every daemon's log: a worker that never turns ALIVE says why in its own log, not the master's.
+                logs = "\n".join(
+                    f"---- {name} ({self.log(name)}) ----\n{self.log_tail(name)}"
+                    for name, _ in self.processes
+                )
                 raise ClusterStartError(
                     f"{self.alive_workers()} of {self.workers} workers ALIVE at {self.webui_url}/json/ "
-                    f"after {timeout_s:.0f} s:\n{self.log_tail('master')}"
+                    f"after {timeout_s:.0f} s; master state {json.dumps(self.state())}\n{logs}"
                 )
             time.sleep(0.2)
 

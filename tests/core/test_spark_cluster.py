@@ -182,3 +182,26 @@ def record_and_stop(stop, started):
         stop(cluster)
 
     return recording
+
+
+def test_a_cluster_not_ready_in_time_fails_with_every_daemons_log_and_nothing_is_left(tmp_path, monkeypatch):
+    """Once a start under double load saw the master log workers registering again and again, never ALIVE;
+    the error carried only the master's log. Now it carries the master's state and every daemon's log."""
+    started = []
+    monkeypatch.setattr(
+        spark_cluster.StandaloneCluster,
+        "stop",
+        record_and_stop(spark_cluster.StandaloneCluster.stop, started),
+    )
+    # No JVM starts in 10 ms: the deadline passes before any worker can be ALIVE.
+    with (
+        pytest.raises(ClusterStartError, match=r"0 of 1 workers ALIVE") as failed,
+        standalone_cluster(tmp_path, workers=1, ready_timeout_s=0.01),
+    ):
+        pytest.fail("the cluster was ready in 10 ms")
+    message = str(failed.value)
+    assert "master state" in message
+    for name in ("master", "worker-0"):
+        assert f"---- {name} ({tmp_path / 'logs' / name}.log) ----" in message
+    (processes,) = started
+    assert all(process.poll() is not None for process in processes)
