@@ -198,17 +198,18 @@ class TrainOperator(PipelineOperator):
                 namespace=settings.namespace,
                 kubernetes_conn_id=self.kubernetes_conn_id,
                 poll_interval=self.poll_interval,
+                run=run,
             ),
             method_name="execute_complete",
-            kwargs={"run": run},
         )
 
-    def execute_complete(self, context, event: dict[str, Any], run: str) -> str:
+    def execute_complete(self, context, event: dict[str, Any], run: str | None = None) -> str:
         """The job ended: its node-0 log into the task log, the job deleted or kept, and the output path of the
-        run ``_start_kubernetes`` decided."""
+        run ``_start_kubernetes`` decided (``run``, else the event's: the trigger carries it)."""
         from operators.kubeflow.api import PYTORCHJOB_V1, job_api
 
         name, namespace, state = event["name"], event["namespace"], event["state"]
+        run = run or event.get("run") or name  # an event of a trigger deferred before it carried the run
         api = job_api(event.get("api", PYTORCHJOB_V1.name))  # a v1 trigger deferred before v2 sent no api
         self._job = (api.name, namespace, name)
         client = self.job_client(namespace, api.name)

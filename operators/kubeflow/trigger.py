@@ -15,7 +15,9 @@ MAX_CONSECUTIVE_ERRORS = 5
 
 
 class KubeflowJobTrigger(BaseTrigger):
-    """Fires once with {"name", "namespace", "api", "state", "message"} when the job succeeded, failed or is gone.
+    """Fires once with {"name", "namespace", "api", "state", "message", "run"} when the job succeeded, failed or is
+    gone. ``run`` is the training run the job trains, handed back to the resumed task in the event itself:
+    Airflow's dag.test() resumes a task with the event alone, dropping the kwargs given to ``defer``.
 
     One subclass per API (its class path is what Airflow stores for a deferred task, so a v1 trigger
     serialized before v2 existed still loads).
@@ -35,8 +37,10 @@ class KubeflowJobTrigger(BaseTrigger):
         kubernetes_conn_id: str = "kubernetes_default",
         poll_interval: float = 15.0,
         delete_on_kill: bool = True,
+        run: str | None = None,
     ) -> None:
         super().__init__()
+        self.run_id = run
         self.name = name
         self.namespace = namespace
         self.kubernetes_conn_id = kubernetes_conn_id
@@ -52,6 +56,7 @@ class KubeflowJobTrigger(BaseTrigger):
                 "kubernetes_conn_id": self.kubernetes_conn_id,
                 "poll_interval": self.poll_interval,
                 "delete_on_kill": self.delete_on_kill,
+                "run": self.run_id,
             },
         )
 
@@ -108,6 +113,7 @@ class KubeflowJobTrigger(BaseTrigger):
                 "api": self.api.name,
                 "state": state,
                 "message": message,
+                "run": self.run_id,
             }
         )
 

@@ -200,7 +200,7 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
         "AIRFLOW_VAR_PRETRAIN_KUBERNETES",
         json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1, "api": "pytorchjob-v1"}),
     )
-    server.script = ["Succeeded"]  # the job finishes before the trigger's first poll, which waits 15 s
+    server.script = ["Succeeded"]  # the job is done by the trigger's first poll
     dag = DagBag(str(DAGS_FOLDER)).dags["pretrain"]
     run = dag.test(
         run_conf={
@@ -214,6 +214,10 @@ def test_pretrain_dag_with_the_kubernetes_launcher(server, tmp_path, airflow_db,
         mark_success_pattern="^(export|evaluate|report)$",
     )
     assert run.state == "success"
+    # Resumed from the trigger's event in its first try (the run it trains comes back in the event; the try
+    # used to fail on resume and pass only on its retry, a minute later).
+    (train,) = [ti for ti in run.get_task_instances() if ti.task_id == "train"]
+    assert train.try_number == 1
     assert server.count("POST") == 1 and server.count("DELETE") == 1 and server.count("GET", "/log") == 1
     (job,) = [stored.body for stored in server.jobs.values()]
     assert job["metadata"]["name"] == job_name("pretrain", run.run_id, "train")

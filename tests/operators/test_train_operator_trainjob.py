@@ -83,11 +83,12 @@ def test_trainjob_is_created_watched_logged_and_deleted(server, tmp_path, capsys
     event = run_trigger(TrainJobTrigger(**kwargs))
     assert (event["state"], event["api"]) == ("Complete", "trainer-v2")
     assert event["message"] == "jobset completed successfully"
+    assert event["run"] == NAME  # the run comes back in the event: dag.test() resumes with the event alone
     # The operator looked for an earlier try's job (404), then the trigger read Pending, Running, Complete.
     assert server.count("GET", f"trainjobs/{NAME}") == 4
 
     capsys.readouterr()
-    path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event, run=NAME)
+    path = operator(tmp_path).execute_complete({"ti": TaskTry()}, event)
     assert path == str(tmp_path / "data" / "sample" / "train" / "2026-11-29" / NAME)
     task_log = capsys.readouterr().out
     assert f"---- node-0 log of TrainJob {NAMESPACE}/{NAME} ----" in task_log
@@ -212,7 +213,7 @@ def test_pretrain_dag_with_the_trainjob_launcher(server, tmp_path, airflow_db, m
     monkeypatch.setenv(
         "AIRFLOW_VAR_PRETRAIN_KUBERNETES", json.dumps({"namespace": NAMESPACE, "gpus_per_node": 1})
     )
-    server.trainjob_script = ["Complete"]  # done before the trigger's first poll, which waits 15 s
+    server.trainjob_script = ["Complete"]  # done by the trigger's first poll
     dag = DagBag(str(DAGS_FOLDER)).dags["pretrain"]
     run = dag.test(
         run_conf={
@@ -226,6 +227,10 @@ def test_pretrain_dag_with_the_trainjob_launcher(server, tmp_path, airflow_db, m
         mark_success_pattern="^(export|evaluate|report)$",
     )
     assert run.state == "success"
+    # Resumed from the trigger's event in its first try (the run it trains comes back in the event; the try
+    # used to fail on resume and pass only on its retry, a minute later).
+    (train,) = [ti for ti in run.get_task_instances() if ti.task_id == "train"]
+    assert train.try_number == 1
     assert server.count("POST", "trainjobs") == 1 and server.count("DELETE", "trainjobs") == 1
     (job,) = [stored.body for stored in server.jobs.values()]
     assert job["metadata"]["name"] == job_name("pretrain", run.run_id, "train")
