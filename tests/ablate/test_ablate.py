@@ -14,6 +14,7 @@ from pipeline.ablate.heldout import ReferenceOverlapError
 from pipeline.ablate.plan import make_plan
 from pipeline.ablate.runner import Progress, prepare, run_ablation
 from pipeline.ablate.spec import corpus_chain, parse_spec
+from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import DatasetRef
 from tests.ablate.corpus import PROXY, TOKENS, build
 from tests.conftest import make_config
@@ -212,6 +213,52 @@ def test_a_mixture_source_trains_each_variant_on_the_weighted_mixture_of_its_own
         assert entry["train_tokens_available"] == sum(
             int(ref.manifest().counters["tokens"]["train"]) for ref in training.tokens
         )
+
+
+def test_the_ablate_dag_runs_the_same_ablation_through_airflow(ablation, airflow_db):
+    """The `ablate` DAG through Airflow's dag.test() with the form's values of the module's ablation:
+    prepare, the six mapped trainings and compare run as Airflow tasks. Everything was made already, so no
+    training or evaluation runs again (their outputs and files are untouched) and compare publishes the same
+    verdicts."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from pipeline.ablate.plan import train_output, work_folder
+    from tests.dags.test_dagbag import DAGS_FOLDER
+
+    spec, overrides = ablation["spec"], ablation["overrides"]
+    plan = make_plan(spec, None, overrides)
+    trained = {t.key: train_output(plan, t).manifest().digest for t in plan.trainings}
+    evaluations = {
+        p: p.stat().st_mtime_ns for p in (work_folder(ablation["config"], spec) / "evaluations").glob("*")
+    }
+    dag = DagBag(str(DAGS_FOLDER / "ablate.py")).dags["ablate"]
+    run = dag.test(
+        run_conf={
+            "snapshot": SNAPSHOT,
+            "name": spec.name,
+            "variants": {variant.name: "preset" for variant in spec.variants},
+            "seeds": list(spec.seeds),
+            "tokens": spec.tokens,
+            "eval_points": spec.eval_points,
+            "reference": str(spec.reference),
+            "tasks": list(spec.tasks),
+            "task_folder": str(spec.task_folder),
+            "overrides": overrides,
+        }
+    )
+    assert run.state == "success"
+    instances = run.get_task_instances()
+    mapped = [ti for ti in instances if ti.task_id == "train_variant"]
+    assert len(mapped) == len(plan.trainings) == 6 and {ti.state for ti in instances} == {"success"}
+    assert {t.key: train_output(plan, t).manifest().digest for t in plan.trainings} == trained
+    assert {p: p.stat().st_mtime_ns for p in evaluations} == evaluations
+    published = json.loads((Path(ablation["manifest"].path) / "comparison.json").read_text())
+    assert published["variants"].keys() == ablation["comparison"]["variants"].keys()
+    assert published["tokens"] == ablation["comparison"]["tokens"]
+    assert (
+        ablation["manifest"].extra["verdicts"]
+        == Manifest.read(Path(ablation["manifest"].path) / MANIFEST_NAME).extra["verdicts"]
+    )
 
 
 def test_a_reference_that_overlaps_training_data_is_refused_naming_both(ablation, tmp_path):
