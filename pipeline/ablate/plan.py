@@ -3,7 +3,8 @@ them another variant (or an earlier ablation) already made; the trainings and th
 
 **Where a variant's outputs go.** Never into the base snapshot: each stage output of a variant lives at
 ``<root>/<corpus>/<stage>/<snapshot>.ab-<identity>/``, a snapshot name derived from the source snapshot and the
-output's identity.
+output's identity. A mixture source has one such chain per variant and selected snapshot (a *part*), in that
+snapshot's own corpus; the variant's trainings read all its parts as the spec's weighted ``data.mixture``.
 
 **When an output is reused (the equality rule).** An output's identity is the sha256 of: the stage's name, the
 identity of its input (for the first stage, the source's manifest digest: its files' checksums), the values
