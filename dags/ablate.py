@@ -33,7 +33,7 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
         ),
         "mixture": Param(
             [],
-            type="array",
+            type=["null", "array"],
             items={"type": "object"},
             description="instead of the snapshot: [{corpus, snapshots, weight, name}...] as data.mixture "
             "declares one; every selected snapshot goes through each variant, trained with these weights",
@@ -53,7 +53,7 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
         "tokenizer": Param(None, type=["null", "string"], description="a stored tokenizer; empty: train one"),
         "tasks": Param(
             [],
-            type="array",
+            type=["null", "array"],
             items={"type": "string"},
             description="lm-eval multiple-choice tasks on the workers (data cached locally), scored too",
         ),
