@@ -7,21 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.ablate.spec import AblationSpec, parse_spec
-
-SPEC_KEYS = (
-    "name",
-    "source",
-    "base",
-    "variants",
-    "seeds",
-    "tokens",
-    "eval_points",
-    "reference",
-    "tokenizer",
-    "tasks",
-    "task_folder",
-)
+from pipeline.ablate.spec import SPEC_KEYS, AblationSpec, parse_spec
 
 
 def spec_of(params: Mapping[str, Any]) -> AblationSpec:

@@ -278,22 +278,26 @@ def parse_source(source: Any) -> Source:
     return Source(stage=stage, mixture=tuple(mixture))
 
 
+# The keys of an ablation spec (its YAML file, the DAG's form).
+SPEC_KEYS = (
+    "name",
+    "source",
+    "base",
+    "variants",
+    "seeds",
+    "tokens",
+    "eval_points",
+    "reference",
+    "tokenizer",
+    "max_eval_documents",
+    "tasks",
+    "task_folder",
+)
+
+
 def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec:
     """An ``AblationSpec`` from a mapping as the YAML file holds it; ConfigError names what is wrong."""
-    known = {
-        "name",
-        "source",
-        "base",
-        "variants",
-        "seeds",
-        "tokens",
-        "eval_points",
-        "reference",
-        "tokenizer",
-        "max_eval_documents",
-        "tasks",
-        "task_folder",
-    }
+    known = set(SPEC_KEYS)
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"ablation spec: unknown keys {unknown}; known: {sorted(known)}")
