@@ -267,7 +267,7 @@ def input_read_errors(inputs: Sequence[DatasetRef]) -> Iterator[None]:
     except Exception as exc:
         if not _is_spark_error(exc):
             raise
-        text = "\n".join(str(e) for e in _chain(exc))
+        text = "\n".join(_message_of(e) for e in _chain(exc))
         folders = [(ref, str(ref.path) + "/") for ref in inputs]
         named = [
             (path, ref)
@@ -282,6 +282,15 @@ def input_read_errors(inputs: Sequence[DatasetRef]) -> Iterator[None]:
                 f"{path} (part of {ref.what}) cannot be read: {_first_reason(text)}; {ref.rerun_hint}"
             ) from exc
         raise
+
+
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``, or its type alone when that fails: a Py4JJavaError asks the JVM for its text, and a JVM
+    that died of the failure (out of heap) refuses the connection, which must not hide the failure itself."""
+    try:
+        return str(exc)
+    except Exception:
+        return type(exc).__name__
 
 
 def _first_reason(text: str) -> str:

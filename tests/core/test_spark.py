@@ -140,3 +140,26 @@ def test_a_stage_log_gets_progress_lines_and_no_console_bar_or_start_up_notices(
     assert re.search(r"LOG pipeline\.core\.spark spark: stage 0 \d+/16 tasks", done.stderr), done.stderr[
         -3000:
     ]
+
+
+def test_a_spark_error_whose_jvm_died_passes_through_unchanged(tmp_path):
+    """A job that ran the JVM out of heap kills it, and the Py4JJavaError's text is then fetched from a JVM
+    that refuses the connection. The stage must fail with that error, not with the refused connection."""
+    from py4j.protocol import Py4JJavaError
+
+    from pipeline.core.spark import input_read_errors
+    from pipeline.core.storage import DatasetRef
+
+    class DeadGateway:
+        def send_command(self, command):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    class JavaException:
+        _target_id = "o42"
+        _gateway_client = DeadGateway()
+
+    died = Py4JJavaError("An error occurred while calling o42.parquet.\n", JavaException())
+    config = make_config(tmp_path)
+    with pytest.raises(Py4JJavaError) as raised, input_read_errors([DatasetRef.of(config, "dedup", "s1")]):
+        raise died
+    assert raised.value is died
