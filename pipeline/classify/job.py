@@ -176,7 +176,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         docs = spark.read.parquet(str(source.path / "documents"))
         check_input(docs.columns, classify.models)
         loads = {model.name: spark.sparkContext.accumulator(0) for model in resolved}
-        scored = score(docs, resolved, loads).persist(StorageLevel.MEMORY_AND_DISK)
+        # Deserialized, as DataFrame.cache() keeps it: at 1M documents (partitions of ~190k) the serialized
+        # level ran the JVM out of heap building its in-memory bytes instead of spilling to disk.
+        scored = score(docs, resolved, loads).persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
             cuts = [(spec, cut_for(spec, scored, classify)) for spec in classify.models]
             decided = scored.withColumn("drop_reason", F.expr(drop_reason_sql(cuts)))

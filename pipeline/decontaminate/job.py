@@ -365,7 +365,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             body_input,
             lambda batches: decide_batches(batches, shared, settings, set_names, out_schema),
             spark_schema(out_schema),
-        ).persist(StorageLevel.MEMORY_AND_DISK)
+        ).persist(StorageLevel.MEMORY_AND_DISK_DESER)  # the serialized level ran out of heap at 1M documents
         try:
             counters = counters_of(decided, settings.mode == "cut")
             files = config.spark.output_files
