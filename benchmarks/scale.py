@@ -22,7 +22,7 @@ Dedup's precision and recall are measured against the planted families at every 
 
 ``--cluster`` starts a standalone master and two 1-core workers (``pipeline.core.spark_cluster``), runs the
 same stages at the second-largest size against it, and checks that every output file is byte-identical to
-the local run's. A 1M run needs about 30 GB of disk under ``--work`` and a few hours on 2 cores.
+the local run's. The whole run needs about 5 GB of disk under ``--work`` and two hours of an idle 2-core machine.
 The last line printed is one JSON object.
 """
 
