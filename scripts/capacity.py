@@ -16,8 +16,9 @@ The model (docs/scaling-out.md says what is measured and what is extrapolated):
   Cores = CPU seconds x skew / seconds available, rounded up. ``--skew`` (default 1.5) covers stragglers,
   uneven partitions and task retries; ``--core-speed`` scales for cores faster or slower than this machine's.
 * **Memory.** Per executor core: the largest Python worker peak plus the JVM heap peak per local core at the
-  largest size, with Spark's default 40% reserve on top; measured, not extrapolated (no stage's per-task
-  memory grows with the corpus when partitions grow with it).
+  largest size, with Spark's default 40% reserve on top; measured, not extrapolated. A task's memory
+  follows its partition, and a dataset's files (so partitions) are ``spark.output_files`` in number: raise
+  it with the corpus, or partitions grow with it (at 1M, 4 files made classify's cache spill to disk).
 * **Shuffle and output.** Bytes per document at the largest size, times N.
 
 The last line printed is one JSON object.
