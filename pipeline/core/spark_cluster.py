@@ -101,8 +101,11 @@ class StandaloneCluster:
             "SPARK_CONF_DIR": str(self.folder / "conf"),  # empty: no spark-defaults from elsewhere
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
             # A master whose port was taken since free_port() fails, instead of moving to the next port
-            # where nobody would look for it.
-            "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0",
+            # where nobody would look for it. The master's REST submission server is off: nothing here
+            # submits through it, it takes no credentials, and its fixed port 6066 is one a second cluster
+            # on the machine (two test suites at once) cannot bind, which left that master in STANDBY,
+            # refusing its workers for good.
+            "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false",
             # Executors run this interpreter and import this checkout's `pipeline`, as the driver does.
             "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
             "PYTHONPATH": os.pathsep.join(

@@ -205,3 +205,18 @@ def test_a_cluster_not_ready_in_time_fails_with_every_daemons_log_and_nothing_is
         assert f"---- {name} ({tmp_path / 'logs' / name}.log) ----" in message
     (processes,) = started
     assert all(process.poll() is not None for process in processes)
+
+
+def test_a_second_cluster_on_the_machine_starts_while_the_first_holds_sparks_fixed_ports(tmp_path):
+    """Two suites run at once: the second master failed to bind the REST submission server's fixed port
+    6066, stayed in STANDBY and refused its workers until the 300 s deadline. Here this test holds 6066 (or
+    someone else already does), and the cluster must still come up with its master ALIVE."""
+    with socket.socket() as held:
+        try:
+            held.bind(("127.0.0.1", 6066))
+            held.listen()
+        except OSError:
+            pass  # already taken: the same condition
+        with standalone_cluster(tmp_path, workers=1) as running:
+            state = running.state()
+            assert state is not None and state["status"] == "ALIVE" and running.alive_workers() == 1
