@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pipeline.core.snapshots import SnapshotSelection, complete_snapshots
+from pipeline.core.snapshots import SnapshotSelection, base_snapshot, complete_snapshots
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema
 from pipeline.core.storage import DatasetRef
 from pipeline.dedup.config import DedupConfig
@@ -98,11 +98,14 @@ def selected_history(
     root: str, corpus: str, snapshot: str, against: str | list[str], input_stage: str, stage: str
 ) -> list[str]:
     """The earlier snapshots ``against`` names: among those with a complete dedup output or input, the ones
-    that sort before ``snapshot``."""
+    that sort before ``snapshot``. An ablation variant (``<snapshot>.ab-<id>``) is placed where the snapshot
+    it derives from is, so neither its own source nor a sibling variant counts as earlier; a variant of an
+    earlier snapshot counts only when ``against`` names it."""
     available = sorted(
         {*complete_snapshots(root, corpus, stage), *complete_snapshots(root, corpus, input_stage)}
     )
-    earlier = [name for name in available if name < snapshot]
+    base = base_snapshot(snapshot)
+    earlier = [name for name in available if base_snapshot(name) < base]
     return SnapshotSelection.parse(against).select(earlier)
 
 

@@ -213,6 +213,33 @@ def test_only_earlier_snapshots_are_history(tmp_path):
     assert history("2026-11-06", "2026-11-0[15]") == ["2026-11-01", "2026-11-05"]
 
 
+def test_an_ablation_variant_never_takes_its_own_source_or_a_sibling_as_history(tmp_path):
+    """A variant's snapshot ``2026-11-29.ab-<id>`` sorts after ``2026-11-29``: compared by name it took its
+    own source (and a sibling variant) as an earlier snapshot and dropped nearly every document as a
+    duplicate of itself. History is what sorts before the snapshot the variant derives from."""
+    config = make_config(tmp_path / "data")
+    for stage, snapshot in [
+        ("clean", "2026-11-28"),
+        ("clean", "2026-11-29"),
+        ("dedup", "2026-11-29"),
+        ("clean", "2026-11-29.ab-0123456789abcdef"),
+        ("dedup", "2026-11-29.ab-0123456789abcdef"),
+        ("dedup", "2026-11-28.ab-fedcba9876543210"),
+    ]:
+        with StageOutput(DatasetRef.of(config, stage, snapshot), config) as out:
+            out.commit()
+    history = lambda snapshot, against: selected_history(  # noqa: E731
+        str(tmp_path / "data"), config.project.corpus, snapshot, against, "clean", "dedup"
+    )
+    sibling = "2026-11-29.ab-aaaaaaaaaaaaaaaa"
+    assert history(sibling, "all") == ["2026-11-28"]
+    assert history(sibling, "last:1") == ["2026-11-28"]
+    # Named explicitly: the source and a sibling still are not earlier; an earlier snapshot's variant is.
+    named = ["2026-11-29", "2026-11-29.ab-0123456789abcdef", "2026-11-28.ab-fedcba9876543210"]
+    assert history(sibling, named) == ["2026-11-28.ab-fedcba9876543210"]
+    assert history("2026-11-30", "all") == ["2026-11-28", "2026-11-29"]
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [("last:-1", "last:N"), ("2026-12..2026-11", "range is empty"), ("a b", "not a snapshot name")],
