@@ -1,17 +1,25 @@
-"""Benchmark issue 33: the constructed-corpus ablation end to end, and whether the recipe wins.
+"""Benchmark issue 42: is `pretrain ablate` an instrument whose verdicts can be trusted?
 
-The seeded corpus of tests/ablate/corpus.py (Wikipedia lead extracts mixed with navigation pages, repeated
-lines, keyword spam, near-duplicates, random-character and templated pages and a French share) is ingested
-(Spark, ``local[2]``), then `pretrain ablate` runs the variants ``none`` (no quality rules, no dedup),
-``rules`` and ``rules+dedup`` with 2 seeds each: corpus stages in-process, one shared tokenizer, tiny proxies
-trained through torchrun on the same token budget, every checkpoint scored on the held-out reference.
+Three checks, each through the real pipeline (ingest and the corpus stages in Spark ``local[2]``, the shared
+tokenizer, torchrun trainings of the default proxy ``pipeline.ablate.spec.PROXY``, per-document evaluation,
+the paired test of ``pipeline.ablate.stats``):
 
-Prints ``recipe_margin_over_none`` (held-out reference loss of ``none`` minus that of ``rules+dedup``, in nats,
-mean over seeds), ``seed_spread`` (the larger of the two variants' seed ranges: the noise floor) and
-``wall_s``.
+1. **Calibration on a known-quality ladder** (``tests.ablate.corpus.ladder``): the same page slots with 0%,
+   25%, 50% and 75% of the prose replaced by junk, trained at equal tokens. The instrument is right when the
+   rungs come out in that order on the held-out reference with every adjacent pair at p < 0.05.
+2. **The recipe at several corpus sizes** (``tests.ablate.corpus.build``, at least 4x apart, the budget about
+   one epoch of what the recipe keeps): ``rules+dedup`` against ``none``, effect in bits per byte with its
+   interval and p-value at each size.
+3. **A/A controls**: the base trained again with each seed's initial weights and another data order. In the
+   full run a pool of 8 seeds x 2 orders of the smallest size's base gives the repetitions (every 3-seed subset
+   of the pool is one A/A comparison, the two arms disjoint trainings); the false-finding rate is the share
+   called better or worse at p < 0.05.
 
-    .venv/bin/python benchmarks/ablate.py --quick     # 300 pages, 2 seeds, 50k tokens per training (the test's)
-    .venv/bin/python benchmarks/ablate.py             # 1,500 pages, 3 seeds, 175k tokens per training
+``--old-proxy`` runs the ladder with the proxy the project used before (tied embeddings, lr 5e-3, a 10% floor)
+beside the default, so the decision accuracy of both is in one run.
+
+    .venv/bin/python benchmarks/ablate.py --quick    # ladder 0%/50%, the recipe at one size: < 10 min
+    .venv/bin/python benchmarks/ablate.py            # the whole ladder, three sizes, A/A pool, old proxy
 
 The last line printed is one JSON object.
 """
@@ -19,95 +27,295 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# Run as a script, this folder is sys.path[0]: the repository root replaces it, for the corpus builder in
+# Run as a script, this folder is sys.path[0]: the repository root replaces it, for the corpus builders in
 # tests/ablate/corpus.py (not installed).
 sys.path[0] = str(ROOT)
+
+REFERENCE_DOCUMENTS = 120  # held-out documents: more of them shrink the document share of the noise
+OLD_PROXY = [
+    "model.preset=tiny",
+    "train.nproc_per_node=1",
+    "train.batch_size=8",
+    "train.seq_len=64",
+    "train.lr=5e-3",
+    "train.warmup_steps=2",
+    "train.min_lr_ratio=0.1",
+]
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def ingest(folder: Path, source: Path, snapshot: str, common: list[str]) -> None:
+    from pipeline.config import load_config
+    from pipeline.core.storage import DatasetRef
+    from pipeline.ingest import job as ingest_job
+
+    config = load_config(None, [*common, f"ingest.sources=[{source}]"])
+    ref = DatasetRef.of(config, "ingest", snapshot)
+    if not ref.is_complete():
+        ingest_job.run(config, [], ref)
+
+
+def evaluations(spec, common: list[str]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every training's kept evaluation, by arm and seed (the runner wrote them)."""
+    from pipeline.ablate.plan import make_plan
+    from pipeline.ablate.runner import evaluation_path
+    from pipeline.config import load_config
+
+    plan = make_plan(spec, None, common)
+    config = load_config(None, common)
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    for training in plan.trainings:
+        found.setdefault(training.variant, {})[training.seed] = json.loads(
+            evaluation_path(config, plan, training).read_text()
+        )
+    return found
+
+
+def run(spec_data: dict[str, Any], common: list[str]) -> tuple[Any, dict[str, Any]]:
+    from pipeline.ablate.runner import run_ablation
+    from pipeline.ablate.spec import parse_spec
+
+    spec = parse_spec(spec_data)
+    manifest = run_ablation(spec, None, common)
+    return spec, json.loads((Path(manifest.path) / "comparison.json").read_text())
+
+
+def ladder_check(
+    folder: Path,
+    common: list[str],
+    rungs: list[str],
+    seeds: list[int],
+    tokens: int,
+    slots: int,
+    proxy: list[str] | None,
+    name: str,
+    parallel: int,
+) -> dict[str, Any]:
+    from pipeline.ablate.compare import REFERENCE, paired
+    from tests.ablate.corpus import ladder, rung_overrides
+
+    built = ladder(folder / "ladder-source", slots=slots, reference_documents=REFERENCE_DOCUMENTS)
+    ingest(folder, built.corpus, "ladder", common)
+    spec_data: dict[str, Any] = {
+        "name": name,
+        "source": {"snapshot": "ladder"},
+        "variants": {rung: rung_overrides(built.blocklists[rung]) for rung in rungs},
+        "base": rungs[0],
+        "reference": str(built.reference),
+        "tokens": tokens,
+        "seeds": seeds,
+        "control": False,
+        "eval_points": 2,
+        "parallel": parallel,
+        "tokenizer": None,
+    }
+    if proxy is not None:
+        spec_data["proxy"] = proxy
+    spec, comparison = run(spec_data, common)
+    found = evaluations(spec, common)
+    documents = found[rungs[0]][seeds[0]]["documents"][REFERENCE]
+    steps = []
+    for better, worse in itertools.pairwise(rungs):
+        tested = paired(found[worse], found[better], REFERENCE, documents)
+        assert tested is not None
+        steps.append({"from": worse, "to": better, **tested.to_dict()})
+    losses = {rung: comparison["variants"][rung]["eval"][REFERENCE]["bpb"]["mean"] for rung in rungs}
+    order_correct = all(step["verdict"] == "better" for step in steps)
+    for step in steps:
+        say(
+            f"ladder ({name}) {step['to']} vs {step['from']}: {step['effect_bpb']:+.4f} bpb "
+            f"[{step['low_bpb']:+.4f}, {step['high_bpb']:+.4f}] p={step['p_value']:.3g} {step['verdict']}"
+        )
+    return {
+        "rungs": rungs,
+        "reference_bpb": losses,
+        "steps": steps,
+        "order_correct": order_correct,
+        "p_value_max": max(step["p_value"] for step in steps),
+        "smallest_step_resolved": min(
+            (
+                int(step["from"].removeprefix("junk")) - int(step["to"].removeprefix("junk"))
+                for step in steps
+                if step["verdict"] == "better"
+            ),
+            default=None,
+        ),
+        "documents": {rung: comparison["variants"][rung]["documents"] for rung in rungs},
+        "epochs": {rung: comparison["variants"][rung]["epochs"] for rung in rungs},
+        "report": str(Path(comparison_path(common, name)) / "report.html"),
+    }
+
+
+def comparison_path(common: list[str], name: str) -> str:
+    from pipeline.ablate.plan import ABLATE_FOLDER
+    from pipeline.config import load_config
+
+    config = load_config(None, common)
+    return str(Path(config.project.data_root) / config.project.corpus / ABLATE_FOLDER / name)
+
+
+def recipe_check(
+    folder: Path, common: list[str], pages: int, seeds: list[int], tokens_per_page: int, parallel: int
+) -> dict[str, Any]:
+    from tests.ablate.corpus import build
+
+    built = build(folder / f"recipe-{pages}", pages=pages, reference_documents=REFERENCE_DOCUMENTS)
+    snapshot = f"recipe-{pages}"
+    ingest(folder, built.corpus, snapshot, common)
+    spec, comparison = run(
+        {
+            "name": f"recipe-{pages}",
+            "source": {"snapshot": snapshot},
+            "variants": ["none", "rules+dedup"],
+            "base": "none",
+            "reference": str(built.reference),
+            "tokens": tokens_per_page * pages,
+            "seeds": seeds,
+            "control": True,
+            "eval_points": 2,
+            "parallel": parallel,
+        },
+        common,
+    )
+    recipe = comparison["variants"]["rules+dedup"]
+    row = recipe["vs_base"]["reference"]
+    say(
+        f"recipe at {pages} pages: {row['effect_bpb']:+.4f} bpb [{row['low_bpb']:+.4f}, {row['high_bpb']:+.4f}] "
+        f"p={row['p_value']:.3g} {row['verdict']}; A/A {comparison['noise_check']}"
+    )
+    return {
+        "pages": pages,
+        "tokens": comparison["tokens"],
+        "vs_none": row,
+        "epochs": {name: entry["epochs"] for name, entry in comparison["variants"].items()},
+        "documents": {name: entry["documents"] for name, entry in comparison["variants"].items()},
+        "unigram_bpb": {
+            name: entry["unigram"]["reference"]["bpb"] for name, entry in comparison["variants"].items()
+        },
+        "diagnosis": recipe["diagnosis"],
+        "aa": comparison["noise_check"],
+        "spec": spec,
+    }
+
+
+def aa_pool(spec, common: list[str], repetitions: int, seed_count: int) -> dict[str, Any]:
+    """A/A repetitions from one pool: the base and its control over ``spec``'s seeds; each repetition takes a
+    3-seed subset (base arm: those seeds' trainings; control arm: the same seeds' other data order)."""
+    from pipeline.ablate.compare import REFERENCE, paired
+
+    found = evaluations(spec, common)
+    base, control = found[spec.base], found[spec.control_name]
+    documents = base[spec.seeds[0]]["documents"][REFERENCE]
+    subsets = list(itertools.combinations(sorted(base), seed_count))
+    random.Random(0).shuffle(subsets)
+    calls = []
+    for subset in subsets[:repetitions]:
+        tested = paired({s: base[s] for s in subset}, {s: control[s] for s in subset}, REFERENCE, documents)
+        assert tested is not None
+        calls.append({"seeds": list(subset), "p_value": tested.p_value, "verdict": tested.verdict})
+    false = sum(call["verdict"] != "within noise" for call in calls)
+    return {
+        "repetitions": len(calls),
+        "false_findings": false,
+        "rate": false / len(calls) if calls else None,
+        "pool_trainings": 2 * len(base),
+        "calls": calls,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="300 pages, 2 seeds, 50k tokens per training")
-    parser.add_argument("--pages", type=int, help="pages of the constructed corpus (overrides the mode's)")
-    parser.add_argument("--tokens", type=int, help="tokens per training (overrides the mode's)")
+    parser.add_argument(
+        "--quick", action="store_true", help="ladder 0%%/50%%, the recipe at one size, under 10 min"
+    )
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary folder)")
+    parser.add_argument("--parallel", type=int, default=2, help="trainings side by side (default 2)")
+    parser.add_argument("--old-proxy", action="store_true", help="also run the ladder with the old proxy")
     args = parser.parse_args()
 
-    from pipeline.ablate.runner import Progress, run_ablation
-    from pipeline.ablate.spec import parse_spec
-    from pipeline.config import load_config
-    from pipeline.core.storage import DatasetRef
-    from pipeline.ingest import job as ingest_job
-    from tests.ablate.corpus import PROXY, TOKENS, build
-
-    pages, seeds, tokens = (300, [0, 1], TOKENS) if args.quick else (1500, [0, 1, 2], 175_000)
-    pages, tokens = args.pages or pages, args.tokens or tokens
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-ablate-"))
-    started = time.monotonic()
-    corpus = build(folder / "source", pages=pages)
-    overrides = [
+    common = [
         f"project.data_root={folder / 'data'}",
         "spark.master=local[2]",
         "logging.console=false",
-        f"ingest.sources=[{corpus.corpus}]",
-        *PROXY,
+        *__import__("tests.ablate.corpus", fromlist=["PROXY"]).PROXY,
     ]
-    config = load_config(None, overrides)
-    source = DatasetRef.of(config, "ingest", "bench")
-    if not source.is_complete():
-        ingest_job.run(config, [], source)
-    spec = parse_spec(
-        {
-            "name": "bench",
-            "source": {"snapshot": "bench"},
-            "base": "none",
-            "variants": ["none", "rules", "rules+dedup"],
-            "reference": str(corpus.reference),
-            "tokens": tokens,
-            "seeds": seeds,
-            "eval_points": 3,
-        }
-    )
-    progress = Progress()
-    manifest = run_ablation(spec, None, overrides, progress)
-    wall = time.monotonic() - started
-    comparison = json.loads((Path(manifest.path) / "comparison.json").read_text())
-    variants = comparison["variants"]
-    print(f"{'variant':<12} {'reference loss':>16} {'spread':>8} {'epochs':>7} {'docs':>5}  verdict vs none")
-    for name, entry in variants.items():
-        score = entry["eval"]["reference"]
-        verdict = entry["verdict"]["reference"]["verdict"] if entry["verdict"] else "(base)"
-        print(
-            f"{name:<12} {score['mean']:>16.4f} {score['spread']:>8.4f} {entry['epochs']:>7.2f} "
-            f"{entry['documents']:>5}  {verdict}"
+    started = time.monotonic()
+    if args.quick:
+        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [600], 240, 80_000
+    else:
+        rungs, sizes, slots, ladder_tokens = (
+            ["junk0", "junk25", "junk50", "junk75"],
+            [600, 2400, 9600],
+            800,
+            240_000,
         )
-    none, recipe = variants["none"]["eval"]["reference"], variants["rules+dedup"]["eval"]["reference"]
-    result = {
-        "recipe_margin_over_none": round(none["mean"] - recipe["mean"], 4),
-        "seed_spread": round(max(none["spread"], recipe["spread"]), 4),
-        "wall_s": round(wall, 1),
-        "tokens_per_training": comparison["tokens"],
-        "trainings": len(progress.trainings_run),
-        "stages_run": len(progress.stages_run),
-        "epochs": {name: round(entry["epochs"], 3) for name, entry in variants.items()},
-        "verdicts": {
-            name: entry["verdict"]["reference"]["verdict"]
-            for name, entry in variants.items()
-            if entry["verdict"]
-        },
-        "quick": args.quick,
-        "pages": pages,
-        "comparison": str(Path(manifest.path) / "report.html"),
+    seeds = [0, 1, 2]
+    tokens_per_page = 150  # about one epoch of what rules+dedup keeps of the constructed corpus
+    result: dict[str, Any] = {"quick": args.quick}
+    ladder = ladder_check(folder, common, rungs, seeds, ladder_tokens, slots, None, "ladder", args.parallel)
+    result["ladder"] = ladder
+    if args.old_proxy:
+        result["ladder_old_proxy"] = ladder_check(
+            folder, common, rungs, seeds, ladder_tokens, slots, OLD_PROXY, "ladder-old", args.parallel
+        )
+    recipes = [recipe_check(folder, common, pages, seeds, tokens_per_page, args.parallel) for pages in sizes]
+    aa = {
+        "repetitions": sum(r["aa"] is not None for r in recipes),
+        "false_findings": sum(r["aa"] is not None and not r["aa"]["held"] for r in recipes),
     }
-    print(json.dumps(result))
+    if not args.quick:
+        pool_spec = recipes[0]["spec"]
+        pooled, _ = run(
+            {
+                **pool_spec.to_dict(),
+                "name": "aa-pool",
+                "seeds": list(range(8)),
+                "reference": str(pool_spec.reference),
+            },
+            common,
+        )
+        aa = aa_pool(pooled, common, 20, 3)
+    result["aa"] = aa
+    result["recipes"] = [{k: v for k, v in r.items() if k != "spec"} for r in recipes]
+    wall = time.monotonic() - started
+    print(json.dumps(result, indent=1, default=str), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "ladder_order_correct": ladder["order_correct"],
+                "ladder_p_value_max": ladder["p_value_max"],
+                "ladder_smallest_step_resolved_pct": ladder["smallest_step_resolved"],
+                "old_proxy_ladder_order_correct": result.get("ladder_old_proxy", {}).get("order_correct"),
+                "recipe_p_value_max": max(r["vs_none"]["p_value"] for r in recipes),
+                "recipe_margin_bpb_min": min(r["vs_none"]["effect_bpb"] for r in recipes),
+                "recipe_wins_everywhere": all(r["vs_none"]["verdict"] == "better" for r in recipes),
+                "aa_false_finding_rate": aa["false_findings"] / aa["repetitions"]
+                if aa["repetitions"]
+                else None,
+                "aa_repetitions": aa["repetitions"],
+                "sizes": sizes,
+                "seeds": len(seeds),
+                "wall_s": round(wall, 1),
+                "quick": args.quick,
+            }
+        )
+    )
     return 0
 
 

@@ -46,7 +46,18 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
         "base": Param(
             None, type=["null", "string"], description="the variant compared with; empty: the first"
         ),
-        "seeds": Param([0, 1], type="array", items={"type": "integer"}, description="training seeds"),
+        "seeds": Param(
+            [0, 1, 2],
+            type="array",
+            items={"type": "integer", "minimum": 0},
+            minItems=2,
+            description="training seeds, at least two: the verdict's test measures noise over them",
+        ),
+        "control": Param(
+            True,
+            type="boolean",
+            description="an A/A control: the base again with another data order (this ablation's noise floor)",
+        ),
         "tokens": Param(200_000, type="integer", minimum=1, description="the token budget of every training"),
         "eval_points": Param(4, type="integer", minimum=1, description="held-out evaluations per training"),
         "reference": Param(None, type=["null", "string"], description="held-out reference text (JSONL/.txt)"),

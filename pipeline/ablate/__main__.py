@@ -58,7 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", help="the variant the others are compared with (default: the first)")
     parser.add_argument("--reference", type=Path, help="held-out reference text: JSONL with 'text', or .txt")
     parser.add_argument("--tokens", type=int, help="the token budget of every training")
-    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--seeds", help="comma-separated seeds, at least two (default 0,1,2)")
+    parser.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train the base again with another data order, an A/A control that shows this ablation's own "
+        "noise floor (default: on)",
+    )
     parser.add_argument("--eval-points", type=int, help="held-out evaluations during training (default 4)")
     parser.add_argument("--tokenizer", help="a stored tokenizer for every variant (default: train one)")
     parser.add_argument(
@@ -107,7 +114,7 @@ def spec_from_arguments(args: argparse.Namespace) -> AblationSpec:
             if sep:
                 variants[name] = [*(entry or PRESETS.get(name, [])), override]
         data["variants"] = variants
-    for key in ("name", "base", "tokens", "eval_points", "tokenizer"):
+    for key in ("name", "base", "tokens", "eval_points", "tokenizer", "control"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.reference:
@@ -134,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     for variant, verdicts in manifest.extra["verdicts"].items():
         shown = ", ".join(f"{name}: {word}" for name, word in verdicts.items())
         print(f"{variant} vs {spec.base}: {shown}", file=sys.stderr)
+    noise = manifest.extra.get("noise_check")
+    if noise and not noise["held"]:
+        print(
+            f"warning: the A/A control {noise['arm']} came out different from {spec.base} (p = "
+            f"{noise['p_value']:.3g}): this run's noise exceeds what the test assumes; add seeds",
+            file=sys.stderr,
+        )
     print(manifest.path)
     return 0
 

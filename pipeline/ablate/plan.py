@@ -33,7 +33,12 @@ from pipeline.core.snapshots import variant_snapshot
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
 
-ABLATE_FOLDER = "ablate"  # <root>/<corpus>/ablate/<name>/: the comparison (published) and its work files
+ABLATE_FOLDER = "ablate"
+# The A/A control trains the base with each seed's initial weights and the data order of seed + this, so it
+# differs from the base only as two variants' trainings of one seed do (same weights, another order).
+CONTROL_ORDER_OFFSET = (
+    1_000_003  # <root>/<corpus>/ablate/<name>/: the comparison (published) and its work files
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Training:
     run_id: str
     snapshot: str  # the train stage's folder: the tokenize output's snapshot, or the mixture's own name
     mixture: tuple[dict[str, Any], ...] = ()  # data.mixture over the variant's outputs (a mixture source)
+    order_seed: int | None = None  # the A/A control's data order (data.order_seed); None: the seed's own
 
     @property
     def key(self) -> str:
@@ -99,6 +105,10 @@ class Plan:
     def final_tokens(self, variant: str) -> list[DatasetRef]:
         """The variant's token shards (its tokenize outputs), one per source part."""
         return self.stage_outputs(variant, corpus_chain()[-1])
+
+    def arm_tokens(self, arm: str) -> list[DatasetRef]:
+        """What an arm trains on: a variant's token shards; the A/A control's are the base's."""
+        return self.final_tokens(self.spec.base if arm == self.spec.control_name else arm)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -168,7 +178,9 @@ def tokenizer_name(spec: AblationSpec) -> str:
 def base_config(
     spec: AblationSpec, config_path: str | Path | None, overrides: list[str], tokenizer: str | None = None
 ) -> PipelineConfig:
-    return load_config(config_path, [*overrides, f"tokenize.tokenizer={tokenizer or tokenizer_name(spec)}"])
+    return load_config(
+        config_path, [*spec.proxy, *overrides, f"tokenize.tokenizer={tokenizer or tokenizer_name(spec)}"]
+    )
 
 
 def variant_config(
@@ -271,6 +283,20 @@ def make_plan(spec: AblationSpec, config_path: str | Path | None, overrides: lis
         for seed in spec.seeds:
             run_id = f"ab-{spec.name}-{variant.slug}-s{seed}-{recipe}"
             trainings.append(Training(variant.name, seed, tokens, run_id, snapshot, mixture))
+    if spec.control:
+        base = [t for t in trainings if t.variant == spec.base]
+        trainings += [
+            Training(
+                spec.control_name,
+                t.seed,
+                t.tokens,
+                t.run_id.replace(f"-s{t.seed}-", f"-aa-s{t.seed}-"),
+                t.snapshot,
+                t.mixture,
+                t.seed + CONTROL_ORDER_OFFSET,
+            )
+            for t in base
+        ]
     return Plan(
         spec, tokenizer, steps, trainings, train_steps, per_step, every, parts, root, home.project.corpus
     )
@@ -308,7 +334,8 @@ def training_recipe(config: PipelineConfig, train_steps: int, every: int) -> str
     """A short digest of what every training shares (model, optimizer, schedule, batches, steps), in each run's
     name: a rerun with the same recipe finds its finished runs, a changed recipe trains new ones."""
     sections = {name: getattr(config, name).model_dump(mode="json") for name in ("model", "train", "data")}
-    sections["train"].pop("run_id", None)
+    for key in ("run_id", "threads_per_rank"):  # a run's name and its share of the cores change no result
+        sections["train"].pop(key, None)
     payload = {"sections": sections, "steps": train_steps, "every": every}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:8]
 
@@ -316,11 +343,13 @@ def training_recipe(config: PipelineConfig, train_steps: int, every: int) -> str
 def training_overrides(plan: Plan, training: Training) -> list[str]:
     """What makes every training the same but its seed: steps (so tokens), checkpoints at the eval points,
     packed batches (every step exactly tokens_per_step tokens), the seed and the run's name; for a mixture
-    source, the variant's mixture."""
+    source, the variant's mixture; for the A/A control, its data order."""
     checkpoints = math.ceil(plan.train_steps / plan.checkpoint_every)
     mixture = [f"data.mixture={json.dumps(list(training.mixture))}"] if training.mixture else []
+    order = [] if training.order_seed is None else [f"data.order_seed={training.order_seed}"]
     return [
         *mixture,
+        *order,
         f"project.seed={training.seed}",
         f"train.steps={plan.train_steps}",
         f"train.checkpoint_every={plan.checkpoint_every}",

@@ -11,12 +11,14 @@ resumes from its newest checkpoint through the trainer's own resume).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ REFERENCE = "reference"  # the eval set the user names
 BASE_VALIDATION = "base_validation"  # the base variant's validation split
 CONTINUATION = "continuation.jsonl"  # the continuation task's items, made from the reference
 LOCAL_TASKS = "tasks"  # beside it: the spec's local lm-eval tasks, one <task>.jsonl of items each
-EVALUATION_VERSION = 2  # kept evaluations of another version are scored again (2: task accuracy added)
+EVALUATION_VERSION = 3  # kept evaluations of another version are scored again (3: per-document losses)
 TOKENIZER_STAGE_INPUT = "documents"
 
 
@@ -208,10 +210,51 @@ def eval_streams(plan: Plan, config: PipelineConfig) -> dict[str, list[Path]]:
     return {**streams, **by_source}
 
 
+def eval_documents(plan: Plan, config: PipelineConfig) -> dict[str, heldout.EvalDocuments]:
+    return {
+        name: heldout.eval_documents(folders, plan.spec.max_eval_documents, tokenizer_file(plan))
+        for name, folders in eval_streams(plan, config).items()
+    }
+
+
+def evaluation_identity(plan: Plan, config: PipelineConfig) -> str:
+    """What a kept evaluation was scored on: every file of the eval streams' folders (the reference's shards,
+    continuation items and local tasks; the base's validation split, which ``base`` decides), the document
+    limit, the task names and the evaluation's version. A kept evaluation with another identity is scored again, so one table never compares trainings
+    scored on different sets."""
+    from pipeline.core.manifest import sha256_file
+
+    files = {}
+    for name, folders in sorted(eval_streams(plan, config).items()):
+        for folder in folders:
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                files[f"{name}:{path.relative_to(folder)}"] = sha256_file(path)
+    payload = {
+        "version": EVALUATION_VERSION,
+        "max_eval_documents": plan.spec.max_eval_documents,
+        "tasks": sorted(eval_tasks(plan, config)),
+        "files": files,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def training_config(
     plan: Plan, training: Training, config_path: str | Path | None, overrides: list[str]
 ) -> PipelineConfig:
-    return load_config(config_path, [*overrides, *training_overrides(plan, training)])
+    """The proxy (the spec's), the caller's overrides, then what the plan fixes for this training; with
+    trainings side by side, each rank's share of the cores."""
+    shared = (
+        [f"train.threads_per_rank={threads_per_training(plan.spec.parallel)}"]
+        if plan.spec.parallel > 1
+        else []
+    )
+    return load_config(
+        config_path, [*plan.spec.proxy, *overrides, *shared, *training_overrides(plan, training)]
+    )
+
+
+def threads_per_training(parallel: int) -> int:
+    return max(1, len(os.sched_getaffinity(0)) // parallel)
 
 
 def evaluation_path(config: PipelineConfig, plan: Plan, training: Training) -> Path:
@@ -235,8 +278,10 @@ def train_and_evaluate(
     if output.is_complete():
         progress.trainings_skipped.append(training.key)
     else:
+        position = plan.trainings.index(training) + 1
         say(
-            f"training {training.variant} seed {training.seed} ({plan.tokens:,} tokens) as run {training.run_id}"
+            f"training {position} of {len(plan.trainings)}: {training.variant} seed {training.seed} "
+            f"({plan.tokens:,} tokens) as run {training.run_id}"
         )
         train(
             config,
@@ -247,26 +292,19 @@ def train_and_evaluate(
         progress.trainings_run.append(training.key)
     manifest = output.manifest()
     path = evaluation_path(config, plan, training)
-    tasks = eval_tasks(plan, config)
+    identity = evaluation_identity(plan, config)
     if path.is_file():
         kept = json.loads(path.read_text())
-        if (kept.get("train_digest"), kept.get("version"), kept.get("tasks")) == (
-            manifest.digest,
-            EVALUATION_VERSION,
-            sorted(tasks),
-        ):
+        if (kept.get("train_digest"), kept.get("evaluation")) == (manifest.digest, identity):
             return dict(kept)
+        say(f"{training.key}: its kept evaluation was scored on other held-out sets; scoring it again")
+    tasks = eval_tasks(plan, config)
+    documents = eval_documents(plan, config)
     checkpoints = Checkpointer(output.path / "checkpoints")
-    streams = eval_streams(plan, config)
     points = []
     for step in checkpoints.steps():
         losses, accuracy = heldout.checkpoint_scores(
-            checkpoints.path_for(step),
-            streams,
-            tasks,
-            tokenizer_file(plan),
-            plan.spec.max_eval_documents,
-            config.evaluate.batch_size,
+            checkpoints.path_for(step), documents, tasks, tokenizer_file(plan), config.evaluate.batch_size
         )
         points.append(
             {"step": step, "tokens": step * plan.tokens_per_step, "losses": losses, "accuracy": accuracy}
@@ -274,7 +312,9 @@ def train_and_evaluate(
     train_tokens = sum(int(ref.manifest().counters["tokens"]["train"]) for ref in training.tokens)
     result = {
         "version": EVALUATION_VERSION,
+        "evaluation": identity,
         "tasks": sorted(tasks),
+        "documents": {name: docs.to_dict() for name, docs in documents.items()},
         "variant": training.variant,
         "seed": training.seed,
         "run_id": training.run_id,
@@ -296,10 +336,22 @@ def train_and_evaluate(
 def run_ablation(
     spec: AblationSpec, config_path: str | Path | None, overrides: list[str], progress: Progress | None = None
 ) -> Manifest:
-    """The whole ablation, one training after another; returns the published comparison's manifest."""
+    """The whole ablation, ``spec.parallel`` trainings at a time; returns the published comparison's manifest."""
     from pipeline.ablate.compare import compare
 
     progress = progress or Progress()
     plan = prepare(spec, config_path, overrides, progress)
-    results = [train_and_evaluate(plan, t, config_path, overrides, progress) for t in plan.trainings]
+    if spec.parallel == 1:
+        results = [train_and_evaluate(plan, t, config_path, overrides, progress) for t in plan.trainings]
+    else:
+        import torch
+
+        # Each training is its own torchrun; the evaluations here share this process's threads likewise.
+        torch.set_num_threads(threads_per_training(spec.parallel))
+        with ThreadPoolExecutor(spec.parallel) as pool:
+            results = list(
+                pool.map(
+                    lambda t: train_and_evaluate(plan, t, config_path, overrides, progress), plan.trainings
+                )
+            )
     return compare(plan, results, config_path, overrides)

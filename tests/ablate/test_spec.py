@@ -17,7 +17,8 @@ def spec(**changes):
 
 def test_presets_and_defaults():
     made = spec()
-    assert made.base == "none" and made.seeds == (0, 1)
+    assert made.base == "none" and made.seeds == (0, 1, 2)
+    assert made.control and made.arms == ["none", "rules+dedup", "none.aa"]
     assert made.variants[0].overrides == tuple(PRESETS["none"])
     assert made.variants[1].slug == "rules_dedup"
     assert corpus_chain() == ["clean", "dedup", "classify", "decontaminate", "tokenize"]
@@ -34,6 +35,11 @@ def test_presets_and_defaults():
         ({"variants": ["none"]}, "at least two variants"),
         ({"base": "other"}, "is not one of the variants"),
         ({"seeds": [1, 1]}, "distinct seeds"),
+        ({"seeds": [0]}, "one seed has none"),
+        ({"seeds": []}, "2 or more distinct seeds"),
+        ({"seeds": [-1, 2]}, ">= 0"),
+        ({"control": "yes"}, "control is true or false"),
+        ({"variants": {"none": "preset", "none.aa": []}}, "the A/A control's"),
         ({"variants": {"odd": "preset", "b": []}}, "no preset"),
         ({"tokens": 0}, "token budget"),
         ({"tasks": ["arc_easy", "arc_easy"]}, "distinct lm-eval task names"),
