@@ -58,6 +58,12 @@ from operators.defaults import DEFAULT_ARGS, TRAINING_TIMEOUT, check_run_conf, r
             type="boolean",
             description="an A/A control: the base again with another data order (this ablation's noise floor)",
         ),
+        "proxy": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            description="model.*/train.* KEY=VALUE of every training; empty: the calibrated default proxy",
+        ),
         "tokens": Param(200_000, type="integer", minimum=1, description="the token budget of every training"),
         "eval_points": Param(4, type="integer", minimum=1, description="held-out evaluations per training"),
         "reference": Param(None, type=["null", "string"], description="held-out reference text (JSONL/.txt)"),

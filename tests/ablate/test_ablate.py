@@ -345,7 +345,6 @@ def test_the_ablate_dag_runs_the_same_ablation_through_airflow(ablation, airflow
             "name": spec.name,
             "variants": {variant.name: "preset" for variant in spec.variants},
             "seeds": list(spec.seeds),
-            "parallel": spec.parallel,
             "tokens": spec.tokens,
             "eval_points": spec.eval_points,
             "reference": str(spec.reference),

@@ -48,3 +48,15 @@ def test_a_mixture_in_the_form_is_the_source(dag):
     spec = spec_of({**params, "source": "ignored", "reference": "/r.jsonl", "mixture": mixture})
     assert spec.source.kind == "mixture" and spec.source.stage == "ingest"
     assert [(s.corpus, s.weight) for s in spec.source.mixture] == [("web", 3.0), ("books", 1.0)]
+
+
+def test_every_form_field_is_a_spec_key_or_the_runs_own(dag):
+    """The form's fields are the spec's keys (under the form's names) plus the run's own (config, overrides,
+    source stage, mixture); a spec key the form lacks is one only a spec file or the CLI sets."""
+    from pipeline.ablate.spec import SPEC_KEYS
+
+    form = set(dag.params)
+    spec_fields = form & set(SPEC_KEYS)
+    assert spec_fields == set(SPEC_KEYS) - {"source", "max_eval_documents", "parallel"}
+    assert {"snapshot", "mixture", "source_stage"} <= form
+    assert dag.params["control"] is True and dag.params["seeds"] == [0, 1, 2]
