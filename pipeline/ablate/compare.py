@@ -48,7 +48,7 @@ LOCAL_TASK_NOTE = (
 RULE = (
     f"per document and seed, the base's loss minus the arm's (the same documents; the same seed's initial "
     f"weights); effect = their byte-weighted mean in bits per byte (positive: the arm is better), its variance "
-    f"from seeds and documents (two-way analysis of variance), Student's t with Satterthwaite's degrees of "
+    f"from seeds and documents (two-way analysis of variance), Student's t on the seeds' S - 1 degrees of "
     f"freedom; better / worse = p < {ALPHA} with a lower / higher loss, else within noise. Judged on the "
     f"reference only"
 )
@@ -179,12 +179,14 @@ def diagnosis(entry: dict[str, Any], base: dict[str, Any], eval_set: str) -> lis
             f"below the unigram model of its own data ({unigram['loss']:.3f})"
         )
     points = entry["curves"][eval_set]
-    if len(points) >= 2:
-        drop = (points[-2]["mean"] - points[-1]["mean"]) / points[-2]["mean"]
+    # The last checkpoint may sit a step after the one before it: compare with one well before the end.
+    earlier = [p for p in points if p["tokens"] <= 0.9 * points[-1]["tokens"]] if points else []
+    if earlier:
+        drop = (earlier[-1]["mean"] - points[-1]["mean"]) / earlier[-1]["mean"]
         if drop > STILL_FALLING:
             facts.append(
-                f"its loss was still falling at the end ({drop:.1%} over the last {points[-1]['tokens'] - points[-2]['tokens']:,} "
-                "tokens): a longer budget may separate the arms"
+                f"its loss was still falling at the end ({drop:.1%} over the last "
+                f"{points[-1]['tokens'] - earlier[-1]['tokens']:,} tokens): a longer budget may separate the arms"
             )
     return facts
 
