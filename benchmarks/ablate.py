@@ -257,7 +257,7 @@ def main() -> int:
     ]
     started = time.monotonic()
     if args.quick:
-        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [600], 240, 80_000
+        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [600], 320, 160_000
     else:
         rungs, sizes, slots, ladder_tokens = (
             ["junk0", "junk25", "junk50", "junk75"],
