@@ -44,10 +44,12 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.evaluate": STAGE_BASE
     | {"pipeline.data", "pipeline.export", "pipeline.model", "pipeline.tokenization"},
     "pipeline.report": STAGE_BASE | {"pipeline.tracking"},
-    # Ablations drive whole stage chains and training, then score the trained models.
+    # Ablations drive whole stage chains and training, then score the trained models; the reference check
+    # applies decontamination's own n-gram rule (its normalisation and short-document rule).
     "pipeline.ablate": STAGE_BASE
     | {
         "pipeline.data",
+        "pipeline.decontaminate",
         "pipeline.evaluate",
         "pipeline.model",
         "pipeline.quality",

@@ -80,7 +80,7 @@ def test_every_selected_snapshot_is_staged_per_variant_in_its_corpus_and_trained
     for training in plan.trainings:
         config = load_config(None, [*corpora, *training_overrides(plan, training)], environ={})
         declared = [source.model_dump(mode="json", exclude_none=True) for source in config.data.mixture]
-        tokens = {(ref.corpus, ref.snapshot) for ref in plan.final_tokens(training.variant)}
+        tokens = {(ref.corpus, ref.snapshot) for ref in plan.arm_tokens(training.variant)}
         assert [(d.get("name"), d["corpus"], d["weight"]) for d in declared] == [
             ("web", "web", 3.0),
             ("lit", "books", 1.0),
