@@ -135,7 +135,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--quick", action="store_true", help="two candidates, 3 seeds, 100k tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="the old and the chosen proxy, 3 seeds, 100k tokens"
+    )
     args = parser.parse_args()
 
     from pipeline.ablate.heldout import eval_documents
@@ -145,7 +147,7 @@ def main() -> int:
     candidates = args.candidates.split(",")
     seeds, tokens = args.seeds, args.tokens
     if args.quick:
-        candidates, seeds, tokens = ["current", "untied-decay0"], 3, 100_000
+        candidates, seeds, tokens = ["current", "untied-lr1e-3"], 3, 100_000
     jobs = [
         (name, arm, args.data / path, seed, tokens, 64, args.reference)
         for name, (arm, path), seed in itertools.product(candidates, arms.items(), range(seeds))
