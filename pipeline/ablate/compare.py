@@ -206,6 +206,14 @@ def summarise(
     starts = [" ".join(text.split()[:10]) for text in read_reference(spec.reference, spec.max_eval_documents)]
     overrides = {variant.name: list(variant.overrides) for variant in spec.variants}
     arms: dict[str, Any] = {}
+    unigrams: dict[tuple[str, ...], dict[str, dict[str, float]]] = {}  # the control trains the base's tokens
+
+    def unigram_of(arm: str, mine: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+        key = tuple(str(ref.path) for ref in plan.arm_tokens(arm))
+        if key not in unigrams:
+            unigrams[key] = unigram_baselines(plan, config, arm, mine[0]) if mine else {}
+        return unigrams[key]
+
     for arm in spec.arms:
         mine = [by_arm[arm][seed] for seed in sorted(by_arm.get(arm, {}))]
         tokenized = [ref.manifest() for ref in plan.arm_tokens(arm)]
@@ -215,6 +223,7 @@ def summarise(
         )
         scores: dict[str, Any] = {}
         curves: dict[str, list[dict[str, float]]] = {}
+
         for name in eval_sets:
             final = {str(r["seed"]): r["points"][-1]["losses"][name] for r in mine}
             scores[name] = {
@@ -240,7 +249,7 @@ def summarise(
             "tokenize_outputs": [f"{ref.corpus}/{ref.snapshot}" for ref in plan.arm_tokens(arm)],
             "runs": {str(r["seed"]): r["run_id"] for r in mine},
             "eval": scores,
-            "unigram": unigram_baselines(plan, config, arm, mine[0]) if mine else {},
+            "unigram": unigram_of(arm, mine),
             "accuracy": accuracy,
             "curves": curves,
             "vs_base": None,

@@ -33,12 +33,10 @@ from pipeline.core.snapshots import variant_snapshot
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
 
-ABLATE_FOLDER = "ablate"
+ABLATE_FOLDER = "ablate"  # <root>/<corpus>/ablate/<name>/: the comparison (published) and its work files
 # The A/A control trains the base with each seed's initial weights and the data order of seed + this, so it
 # differs from the base only as two variants' trainings of one seed do (same weights, another order).
-CONTROL_ORDER_OFFSET = (
-    1_000_003  # <root>/<corpus>/ablate/<name>/: the comparison (published) and its work files
-)
+CONTROL_ORDER_OFFSET = 1_000_003
 
 
 @dataclass(frozen=True)

@@ -220,8 +220,8 @@ def eval_documents(plan: Plan, config: PipelineConfig) -> dict[str, heldout.Eval
 def evaluation_identity(plan: Plan, config: PipelineConfig) -> str:
     """What a kept evaluation was scored on: every file of the eval streams' folders (the reference's shards,
     continuation items and local tasks; the base's validation split, which ``base`` decides), the document
-    limit, the task names and the evaluation's version. A kept evaluation with another identity is scored again, so one table never compares trainings
-    scored on different sets."""
+    limit, the task names and the evaluation's version. A kept evaluation with another identity is scored
+    again, so one table never compares trainings scored on different sets."""
     from pipeline.core.manifest import sha256_file
 
     files = {}
