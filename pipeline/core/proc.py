@@ -100,6 +100,14 @@ def _passed_on(process: subprocess.Popen, stopped: list[int]) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def _wait_interruptibly(process: subprocess.Popen) -> int:
+    """Wait in short sleeps, not one waitpid: the kernel may hand this process's signal to another thread
+    (the output reader), and Python runs the handler only when the main thread next runs bytecode."""
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return process.wait(timeout=60)
+
+
 def run_streaming(
     cmd: Sequence[str],
     *,
@@ -147,11 +155,11 @@ def run_streaming(
             emit(line.rstrip("\n"))
 
     reader = threading.Thread(target=pump, name="child-output", daemon=True)
-    reader.start()
     stopped: list[int] = []
     try:
         with _passed_on(process, stopped) if forward_signals else contextlib.nullcontext():
-            returncode = process.wait()
+            reader.start()  # after the handlers: no line of the child's is seen before they are in place
+            returncode = _wait_interruptibly(process) if forward_signals else process.wait()
     except BaseException:
         kill_group(process)
         raise

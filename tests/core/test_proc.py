@@ -3,6 +3,7 @@ forward_signals turns SIGTERM/SIGINT into a clean stop of the child (a second on
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -91,4 +92,23 @@ def test_a_second_signal_kills_a_child_that_does_not_stop(guarded):
     os.kill(process.pid, signal.SIGTERM)
     assert read_until(process, "child") == "child ignores SIGTERM"
     os.kill(process.pid, signal.SIGTERM)
+    assert read_until(process, "stopped_by") == f"stopped_by={int(signal.SIGTERM)} returncode=-9"
+
+
+def signal_thread(pid: int, thread_id: int, signum: int) -> None:
+    """tgkill: a signal to one thread of ``pid``, as the kernel may pick any thread for a process's signal."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, thread_id, int(signum)) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+def test_a_signal_that_lands_on_the_output_thread_still_reaches_the_child(guarded):
+    """The kernel hands a process's signal to any thread that does not block it; Python runs the handler in
+    the main thread only once that thread runs bytecode. A main thread asleep in waitpid never did."""
+    guarded.append(process := parent("ignore", forward_signals=True))
+    read_until(process, "ready")
+    (reader,) = [thread.id for thread in psutil.Process(process.pid).threads() if thread.id != process.pid]
+    signal_thread(process.pid, reader, signal.SIGTERM)
+    assert read_until(process, "child") == "child ignores SIGTERM"
+    signal_thread(process.pid, reader, signal.SIGTERM)
     assert read_until(process, "stopped_by") == f"stopped_by={int(signal.SIGTERM)} returncode=-9"
