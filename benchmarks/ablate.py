@@ -9,7 +9,9 @@ the paired test of ``pipeline.ablate.stats``):
    rungs come out in that order on the held-out reference with every adjacent pair at p < 0.05.
 2. **The recipe at several corpus sizes** (``tests.ablate.corpus.build``, at least 4x apart, the budget about
    one epoch of what the recipe keeps): ``rules+dedup`` against ``none``, effect in bits per byte with its
-   interval and p-value at each size.
+   interval and p-value at each size; in the full run also ``rules+dedup+classifier`` (the recipe plus a
+   fastText quality classifier trained by the train_classifier stage on pool prose against generated junk),
+   judged against ``rules+dedup`` by the same paired test, with the data's reasons where it does not win.
 3. **A/A controls**: the base trained again with each seed's initial weights and another data order. In the
    full run a pool of 8 seeds x 2 orders of the smallest size's base gives the repetitions (every 3-seed subset
    of the pool is one A/A comparison, the two arms disjoint trainings); the false-finding rate is the share
@@ -19,7 +21,8 @@ the paired test of ``pipeline.ablate.stats``):
 beside the default, so the decision accuracy of both is in one run.
 
     .venv/bin/python benchmarks/ablate.py --quick    # ladder 0%/50%, the recipe at one size: < 10 min
-    .venv/bin/python benchmarks/ablate.py            # the whole ladder, three sizes, A/A pool, old proxy
+    .venv/bin/python benchmarks/ablate.py            # the whole ladder, three sizes, A/A pool, classifier
+    .venv/bin/python benchmarks/ablate.py --checks recipe    # the three sizes only (no A/A controls)
 
 The last line printed is one JSON object.
 """
@@ -42,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)
 
 REFERENCE_DOCUMENTS = 120  # held-out documents: more of them shrink the document share of the noise
+CLASSIFIER = "rules+dedup+classifier"
+CLASSIFIER_MODEL = "quality"  # the train_classifier snapshot the variant scores with
 OLD_PROXY = [
     "model.preset=tiny",
     "train.nproc_per_node=1",
@@ -167,9 +172,47 @@ def comparison_path(common: list[str], name: str) -> str:
     return str(Path(config.project.data_root) / config.project.corpus / ABLATE_FOLDER / name)
 
 
+def train_quality_classifier(folder: Path, common: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """A fastText quality classifier through the train_classifier stage, on pool prose (never the reference)
+    against generated junk (``tests.ablate.corpus.classifier_examples``); every size's corpus draws from that
+    pool. Returns the variant's overrides (the recipe plus the classifier at 0.5) and its held-out metrics."""
+    from pipeline.classify.training import job as training_job
+    from pipeline.config import load_config
+    from pipeline.core.storage import DatasetRef
+    from tests.ablate.corpus import classifier_examples
+
+    positives, negatives = classifier_examples(folder / "classifier", reference_documents=REFERENCE_DOCUMENTS)
+    config = load_config(
+        None,
+        [
+            *common,
+            f"classifier.positives=[{{path: '{positives}'}}]",
+            f"classifier.negatives=[{{path: '{negatives}'}}]",
+            "classifier.fasttext.bucket=50000",  # 20 MB instead of DCLM's 800 MB of bigram buckets
+        ],
+    )
+    ref = DatasetRef.of(config, "train_classifier", CLASSIFIER_MODEL)
+    if not ref.is_complete():
+        training_job.run(config, [], ref)
+    metrics = ref.manifest().extra["metrics"]
+    say(
+        f"quality classifier: held-out ROC AUC {metrics.get('roc_auc')}, precision {metrics.get('precision')}"
+    )
+    overrides = [f"classify.models=[{{name: quality, trained: {CLASSIFIER_MODEL}, threshold: 0.5}}]"]
+    return overrides, metrics
+
+
 def recipe_check(
-    folder: Path, common: list[str], pages: int, seeds: list[int], tokens_per_page: int, parallel: int
+    folder: Path,
+    common: list[str],
+    pages: int,
+    seeds: list[int],
+    tokens_per_page: int,
+    parallel: int,
+    classifier: list[str] | None,
+    control: bool,
 ) -> dict[str, Any]:
+    from pipeline.ablate.compare import REFERENCE, diagnosis, paired
     from tests.ablate.corpus import build
 
     built = build(folder / f"recipe-{pages}", pages=pages, reference_documents=REFERENCE_DOCUMENTS)
@@ -179,12 +222,16 @@ def recipe_check(
         {
             "name": f"recipe-{pages}",
             "source": {"snapshot": snapshot},
-            "variants": ["none", "rules+dedup"],
+            "variants": {
+                "none": "preset",
+                "rules+dedup": "preset",
+                **({CLASSIFIER: classifier} if classifier is not None else {}),
+            },
             "base": "none",
             "reference": str(built.reference),
             "tokens": tokens_per_page * pages,
             "seeds": seeds,
-            "control": True,
+            "control": control,
             "eval_points": 2,
             "parallel": parallel,
         },
@@ -196,10 +243,29 @@ def recipe_check(
         f"recipe at {pages} pages: {row['effect_bpb']:+.4f} bpb [{row['low_bpb']:+.4f}, {row['high_bpb']:+.4f}] "
         f"p={row['p_value']:.3g} {row['verdict']}; A/A {comparison['noise_check']}"
     )
+    against_recipe = None
+    if classifier is not None:
+        # Judged against the recipe, not the base: the same documents and seeds, so the same paired test.
+        found = evaluations(spec, common)
+        documents = found["none"][seeds[0]]["documents"][REFERENCE]
+        tested = paired(found["rules+dedup"], found[CLASSIFIER], REFERENCE, documents)
+        assert tested is not None
+        variants = comparison["variants"]
+        against_recipe = {
+            **tested.to_dict(),
+            "why": []
+            if tested.verdict == "better"
+            else diagnosis(variants[CLASSIFIER], variants["rules+dedup"], REFERENCE),
+        }
+        say(
+            f"classifier vs rules+dedup at {pages} pages: {tested.effect_bpb:+.4f} bpb "
+            f"[{tested.low_bpb:+.4f}, {tested.high_bpb:+.4f}] p={tested.p_value:.3g} {tested.verdict}"
+        )
     return {
         "pages": pages,
         "tokens": comparison["tokens"],
         "vs_none": row,
+        "classifier_vs_recipe": against_recipe,
         "epochs": {name: entry["epochs"] for name, entry in comparison["variants"].items()},
         "documents": {name: entry["documents"] for name, entry in comparison["variants"].items()},
         "unigram_bpb": {
@@ -246,7 +312,23 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary folder)")
     parser.add_argument("--parallel", type=int, default=2, help="trainings side by side (default 2)")
     parser.add_argument("--old-proxy", action="store_true", help="also run the ladder with the old proxy")
+    parser.add_argument(
+        "--checks",
+        default="ladder,recipe,aa",
+        help="which checks, comma-separated (default all); without aa the recipe trains no A/A control",
+    )
+    parser.add_argument(
+        "--classifier",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a learned-classifier variant in the recipe check, judged against rules+dedup "
+        "(default: in the full run, not in --quick)",
+    )
     args = parser.parse_args()
+    checks = set(args.checks.split(","))
+    if not checks <= {"ladder", "recipe", "aa"}:
+        parser.error(f"--checks: ladder, recipe and aa only, not {sorted(checks)}")
+    with_classifier = (not args.quick) if args.classifier is None else args.classifier
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-ablate-"))
     common = [
@@ -267,19 +349,30 @@ def main() -> int:
         )
     seeds = [0, 1, 2]
     tokens_per_page = 150  # about one epoch of what rules+dedup keeps of the constructed corpus
-    result: dict[str, Any] = {"quick": args.quick}
-    ladder = ladder_check(folder, common, rungs, seeds, ladder_tokens, slots, None, "ladder", args.parallel)
-    result["ladder"] = ladder
-    if args.old_proxy:
+    result: dict[str, Any] = {"quick": args.quick, "checks": sorted(checks)}
+    ladder: dict[str, Any] = {}
+    if "ladder" in checks:
+        ladder = ladder_check(
+            folder, common, rungs, seeds, ladder_tokens, slots, None, "ladder", args.parallel
+        )
+        result["ladder"] = ladder
+    if args.old_proxy and "ladder" in checks:
         result["ladder_old_proxy"] = ladder_check(
             folder, common, rungs, seeds, ladder_tokens, slots, OLD_PROXY, "ladder-old", args.parallel
         )
-    recipes = [recipe_check(folder, common, pages, seeds, tokens_per_page, args.parallel) for pages in sizes]
+    classifier = None
+    if with_classifier and "recipe" in checks:
+        classifier, result["classifier_metrics"] = train_quality_classifier(folder, common)
+    recipes = [
+        recipe_check(folder, common, pages, seeds, tokens_per_page, args.parallel, classifier, "aa" in checks)
+        for pages in sizes
+        if "recipe" in checks
+    ]
     aa = {
         "repetitions": sum(r["aa"] is not None for r in recipes),
         "false_findings": sum(r["aa"] is not None and not r["aa"]["held"] for r in recipes),
     }
-    if not args.quick:
+    if not args.quick and "aa" in checks and recipes:
         pool_spec = recipes[0]["spec"]
         pooled, _ = run(
             {
@@ -298,13 +391,26 @@ def main() -> int:
     print(
         json.dumps(
             {
-                "ladder_order_correct": ladder["order_correct"],
-                "ladder_p_value_max": ladder["p_value_max"],
-                "ladder_smallest_step_resolved_pct": ladder["smallest_step_resolved"],
+                "ladder_order_correct": ladder.get("order_correct"),
+                "ladder_p_value_max": ladder.get("p_value_max"),
+                "ladder_smallest_step_resolved_pct": ladder.get("smallest_step_resolved"),
                 "old_proxy_ladder_order_correct": result.get("ladder_old_proxy", {}).get("order_correct"),
-                "recipe_p_value_max": max(r["vs_none"]["p_value"] for r in recipes),
-                "recipe_margin_bpb_min": min(r["vs_none"]["effect_bpb"] for r in recipes),
-                "recipe_wins_everywhere": all(r["vs_none"]["verdict"] == "better" for r in recipes),
+                "recipe_p_value_max": max((r["vs_none"]["p_value"] for r in recipes), default=None),
+                "recipe_margin_bpb_min": min((r["vs_none"]["effect_bpb"] for r in recipes), default=None),
+                "recipe_wins_everywhere": all(r["vs_none"]["verdict"] == "better" for r in recipes)
+                if recipes
+                else None,
+                "classifier_vs_recipe": [
+                    {
+                        "pages": r["pages"],
+                        **{
+                            key: r["classifier_vs_recipe"][key]
+                            for key in ("effect_bpb", "low_bpb", "high_bpb", "p_value", "verdict")
+                        },
+                    }
+                    for r in recipes
+                    if r["classifier_vs_recipe"] is not None
+                ],
                 "aa_false_finding_rate": aa["false_findings"] / aa["repetitions"]
                 if aa["repetitions"]
                 else None,

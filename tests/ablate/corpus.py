@@ -171,6 +171,26 @@ def build(folder: Path, pages: int = 600, seed: int = 7, reference_documents: in
     return ConstructedCorpus(corpus, held_out, counts)
 
 
+def classifier_examples(
+    folder: Path, examples: int = 600, seed: int = 7, reference_documents: int = 40
+) -> tuple[Path, Path]:
+    """(positives, negatives) JSONL for a quality classifier, as a user would gather them: ``examples``
+    prose extracts from the pool ``build(seed=seed, reference_documents=...)`` draws its pages from (never
+    a reference document), and as many junk pages of every kind, generated under another seed than any
+    corpus's."""
+    reference_rng = random.Random(seed)
+    _, pool = split_reference(reference_rng, reference_documents)
+    rng = random.Random(seed + 1_000)
+    positives = rng.sample(pool, min(examples, len(pool)))
+    kinds = list(JUNK)
+    negatives = [JUNK[kinds[i % len(kinds)]](rng, pool) for i in range(examples)]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = folder / "positives.jsonl", folder / "negatives.jsonl"
+    for path, texts in zip(paths, (positives, negatives), strict=True):
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
+    return paths
+
+
 LADDER_GROUPS = 4  # page slots fall in four groups; a rung replaces the prose of its first groups by junk
 # Junk the "none" preset keeps (English words, so language id passes): a rung's share is what it trains on.
 LADDER_JUNK = ("navigation", "repeated_lines", "keyword_spam", "templated")
