@@ -124,7 +124,10 @@ def spec_from_arguments(args: argparse.Namespace) -> AblationSpec:
     if args.task_folder:
         data["task_folder"] = str(args.task_folder.resolve())
     if args.seeds:
-        data["seeds"] = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+        try:
+            data["seeds"] = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+        except ValueError:
+            raise ConfigError(f"--seeds: comma-separated whole numbers, not {args.seeds!r}") from None
     return parse_spec(data, args.spec.parent if args.spec else Path())
 
 

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.ablate.heldout import read_reference
 from pipeline.ablate.spec import AblationSpec, Variant, corpus_chain
 from pipeline.config import PipelineConfig, load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.lineage import code_version
 from pipeline.core.snapshots import variant_snapshot
 from pipeline.core.storage import DatasetRef
@@ -244,6 +246,10 @@ def source_parts(spec: AblationSpec, config: PipelineConfig) -> list[SourcePart]
 
 
 def make_plan(spec: AblationSpec, config_path: str | Path | None, overrides: list[str]) -> Plan:
+    try:  # the last step reads it: a missing or empty one is refused before the first stage runs
+        read_reference(spec.reference, spec.max_eval_documents)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"ablation spec: reference: {exc}") from None
     home = load_config(config_path, overrides)
     root = home.project.data_root
     parts = source_parts(spec, home)

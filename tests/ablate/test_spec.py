@@ -82,3 +82,36 @@ def test_local_tasks_and_their_folder_relative_to_the_spec(tmp_path):
     )
     assert made.tasks == ("mine",) and made.task_folder == tmp_path / "tasks"
     assert made.to_dict()["tasks"] == ["mine"]
+
+
+def ablate(argv: list[str], capsys) -> tuple[int, str]:
+    from pipeline.ablate.__main__ import main
+    from pipeline.core.cli import run_cli
+
+    code = run_cli(main, argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("reference", "message"),
+    [(None, "does not exist"), ("", "holds no document"), ("[1, 2]\n", "needs a string field 'text'")],
+)
+def test_a_bad_reference_is_refused_before_any_stage_even_in_a_dry_run(tmp_path, capsys, reference, message):
+    """The data root is empty: had anything run before the reference check, the error would name the
+    missing ingest output instead."""
+    path = tmp_path / "reference.jsonl"
+    if reference is not None:
+        path.write_text(reference)
+    argv = ["--snapshot", "s1", "--variant", "none", "--variant", "rules", "--tokens", "1000"]
+    argv += ["--reference", str(path), "--set", f"project.data_root={tmp_path / 'data'}"]
+    for extra in ([], ["--dry-run"]):
+        code, err = ablate([*argv, *extra], capsys)
+        assert code == 2 and err.count("\n") == 1 and message in err and "reference" in err
+        assert not (tmp_path / "data").exists()
+
+
+def test_seeds_that_are_not_numbers_are_one_error_line(capsys):
+    code, err = ablate(
+        ["--snapshot", "s1", "--variant", "none", "--variant", "rules", "--seeds", "0,x"], capsys
+    )
+    assert (code, err) == (2, "error: --seeds: comma-separated whole numbers, not '0,x'\n")
