@@ -116,9 +116,10 @@ def unigram_baselines(
 
     from pipeline.ablate.runner import eval_streams, tokenizer_file
     from pipeline.data.loader import TokenStream
+    from pipeline.tokenization.encoder import vocabulary_size
     from pipeline.tokenization.shards import shard_prefixes
 
-    vocabulary = Tokenizer.from_file(str(tokenizer_file(plan))).get_vocab_size(with_added_tokens=True)
+    vocabulary = vocabulary_size(Tokenizer.from_file(str(tokenizer_file(plan))))
     counts = np.zeros(vocabulary, dtype=np.float64)
     for ref in plan.arm_tokens(arm):
         if shard_prefixes(ref.path / "train"):

@@ -98,6 +98,13 @@ def split_long_text(text: str, chunk_chars: int) -> list[str]:
     return pieces
 
 
+def vocabulary_size(tokenizer: Tokenizer) -> int:
+    """The ids an embedding table and a shard's dtype must hold: the largest id + 1. ``get_vocab_size``
+    counts entries, so a file whose ids have gaps would claim too few."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(ids, default=-1) + 1
+
+
 @dataclass
 class EncodeCounters:
     documents: int = 0
@@ -132,7 +139,7 @@ class DocumentEncoder:
         eos_id = tokenizer.token_to_id(eos_token)
         if eos_id is None:
             raise ValueError(f"the tokenizer has no end-of-text token {eos_token!r}")
-        return cls(tokenizer, eos_id, token_dtype(tokenizer.get_vocab_size()), chunk_chars)
+        return cls(tokenizer, eos_id, token_dtype(vocabulary_size(tokenizer)), chunk_chars)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode texts (none may be None) into (tokens, lengths): all documents' ids back to back, each

@@ -255,6 +255,8 @@ def special_token_facts(folder: Path, eos_token: str, pad_token: str | None) -> 
     """Vocabulary size and the ids of the end-of-text and padding tokens, checked against the file."""
     from tokenizers import Tokenizer
 
+    from pipeline.tokenization.encoder import vocabulary_size
+
     tokenizer = Tokenizer.from_file(str(Path(folder) / TOKENIZER_FILE))
     eos_id = tokenizer.token_to_id(eos_token)
     if eos_id is None:
@@ -263,7 +265,7 @@ def special_token_facts(folder: Path, eos_token: str, pad_token: str | None) -> 
     if pad_token is not None and pad_id is None:
         raise TokenizerError(f"the tokenizer has no padding token {pad_token!r}")
     return {
-        "vocab_size": tokenizer.get_vocab_size(),
+        "vocab_size": vocabulary_size(tokenizer),
         "eos_token": eos_token,
         "eos_id": eos_id,
         "pad_token": pad_token,

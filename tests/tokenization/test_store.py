@@ -156,6 +156,27 @@ def _first_tokenize(root: str, snapshot: str, texts: list[str], signals: str, qu
     queue.put((snapshot, chosen.name, chosen.digest))
 
 
+def test_a_tokenizer_whose_ids_have_gaps_is_sized_by_its_largest_id(tmp_path):
+    """4 entries, end-of-text id 70,000: ``get_vocab_size`` says 4, a uint16 shard overflows."""
+    from tokenizers import models, pre_tokenizers
+
+    from pipeline.tokenization.encoder import DocumentEncoder
+
+    vocab = {"[UNK]": 0, "mill": 1, "wheel": 2, "<|endoftext|>": 70_000}
+    gapped = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    gapped.pre_tokenizer = pre_tokenizers.Whitespace()
+    source = tmp_path / "gapped.json"
+    gapped.save(str(source))
+    stored = store.import_tokenizer(make_config(tmp_path / "data"), "gapped", source)
+    assert stored.facts["vocab_size"] == 70_001 and stored.facts["eos_id"] == 70_000
+
+    encoder = DocumentEncoder.for_tokenizer(
+        Tokenizer.from_file(str(stored.path / TOKENIZER_FILE)), "<|endoftext|>", 1000
+    )
+    tokens, lengths = encoder.encode(["mill wheel mill"])
+    assert tokens.tolist() == [1, 2, 1, 70_000] and lengths.tolist() == [4]
+
+
 def test_two_first_time_tokenizations_store_one_default_tokenizer(tmp_path):
     """Two runs find no default at once: the second waits for the first's lock, then uses its tokenizer; it
     never trains one of its own, and the corpus holds one tokenizer."""
