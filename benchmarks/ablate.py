@@ -215,7 +215,10 @@ def recipe_check(
     from pipeline.ablate.compare import REFERENCE, diagnosis, paired
     from tests.ablate.corpus import build
 
-    built = build(folder / f"recipe-{pages}", pages=pages, reference_documents=REFERENCE_DOCUMENTS)
+    # Word salad among the junk: what the rules keep, so the classifier has something left to find.
+    built = build(
+        folder / f"recipe-{pages}", pages=pages, reference_documents=REFERENCE_DOCUMENTS, salad=True
+    )
     snapshot = f"recipe-{pages}"
     ingest(folder, built.corpus, snapshot, common)
     spec, comparison = run(

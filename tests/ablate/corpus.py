@@ -111,6 +111,17 @@ def templated_page(rng: random.Random, _extracts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def word_salad_page(rng: random.Random, extracts: list[str]) -> str:
+    """Prose with each paragraph's words shuffled, a full stop at the end: the words, lengths and stop words
+    of English, so the rules keep it; only word order (a classifier's bigrams) gives it away."""
+    paragraphs = []
+    for extract in rng.sample(extracts, rng.randint(2, 4)):
+        words = extract.split()
+        rng.shuffle(words)
+        paragraphs.append(" ".join(words).rstrip(".,;:") + ".")
+    return "\n\n".join(paragraphs)
+
+
 JUNK = {
     "navigation": navigation_page,
     "repeated_lines": repeated_line_page,
@@ -136,9 +147,12 @@ def split_reference(rng: random.Random, documents: int) -> tuple[list[str], list
     return reference, rest + [text for row, text in enumerate(unused) if row not in near]
 
 
-def build(folder: Path, pages: int = 600, seed: int = 7, reference_documents: int = 40) -> ConstructedCorpus:
+def build(
+    folder: Path, pages: int = 600, seed: int = 7, reference_documents: int = 40, salad: bool = False
+) -> ConstructedCorpus:
     """``pages`` pages: 30% clean prose, 10% near-duplicates of a few clean pages, 10% foreign, the rest junk
-    (spread over JUNK's kinds); plus ``reference_documents`` held-out extracts."""
+    (spread over JUNK's kinds, and with ``salad`` also ``word_salad_page``: junk the rules keep); plus
+    ``reference_documents`` held-out extracts."""
     rng = random.Random(seed)
     reference, pool = split_reference(rng, reference_documents)
     foreign = [t for t in wikipedia_extracts("fr-fr") if len(t.split()) >= 40]
@@ -153,10 +167,11 @@ def build(folder: Path, pages: int = 600, seed: int = 7, reference_documents: in
         rows.append({"kind": "near_duplicate", "text": " ".join(words)})
     for _ in range(foreign_count):
         rows.append({"kind": "foreign", "text": "\n\n".join(rng.sample(foreign, 2))})
-    kinds = list(JUNK)
+    makers = {**JUNK, "word_salad": word_salad_page} if salad else JUNK
+    kinds = list(makers)
     for i in range(pages - len(rows)):
         kind = kinds[i % len(kinds)]
-        rows.append({"kind": kind, "text": JUNK[kind](rng, pool)})
+        rows.append({"kind": kind, "text": makers[kind](rng, pool)})
     rng.shuffle(rows)
     folder.mkdir(parents=True, exist_ok=True)
     corpus, held_out = folder / "corpus.jsonl", folder / "reference.jsonl"
@@ -176,14 +191,14 @@ def classifier_examples(
 ) -> tuple[Path, Path]:
     """(positives, negatives) JSONL for a quality classifier, as a user would gather them: ``examples``
     prose extracts from the pool ``build(seed=seed, reference_documents=...)`` draws its pages from (never
-    a reference document), and as many junk pages of every kind, generated under another seed than any
-    corpus's."""
+    a reference document), and as many junk pages of every kind (word salad too), generated under another
+    seed than any corpus's."""
     reference_rng = random.Random(seed)
     _, pool = split_reference(reference_rng, reference_documents)
     rng = random.Random(seed + 1_000)
     positives = rng.sample(pool, min(examples, len(pool)))
-    kinds = list(JUNK)
-    negatives = [JUNK[kinds[i % len(kinds)]](rng, pool) for i in range(examples)]
+    makers = [*JUNK.values(), word_salad_page]
+    negatives = [makers[i % len(makers)](rng, pool) for i in range(examples)]
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / "positives.jsonl", folder / "negatives.jsonl"
     for path, texts in zip(paths, (positives, negatives), strict=True):
