@@ -20,16 +20,24 @@ from tests.conftest import make_config
 VARIANTS = ["none", "rules", "rules+dedup"]
 
 
-def mixture_spec(mixture, name="mix"):
+def mixture_spec(mixture, reference, name="mix"):
     return parse_spec(
         {
             "name": name,
             "source": {"stage": "ingest", "mixture": mixture},
             "variants": VARIANTS,
-            "reference": "ref.jsonl",
+            "reference": str(reference),
             "tokens": 5000,
         }
     )
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """Planning reads the reference before anything else, so it must be a real one."""
+    path = tmp_path / "ref.jsonl"
+    path.write_text(json.dumps({"text": "A held-out paragraph of prose to score every variant on."}) + "\n")
+    return path
 
 
 @pytest.fixture
@@ -44,12 +52,15 @@ def corpora(tmp_path):
     return [f"project.data_root={tmp_path}", "project.corpus=web", "logging.console=false"]
 
 
-def test_every_selected_snapshot_is_staged_per_variant_in_its_corpus_and_trained_as_one_mixture(corpora):
+def test_every_selected_snapshot_is_staged_per_variant_in_its_corpus_and_trained_as_one_mixture(
+    corpora, reference
+):
     spec = mixture_spec(
         [
             {"corpus": "web", "snapshots": "last:2", "weight": 3},
             {"corpus": "books", "weight": 1, "name": "lit"},
-        ]
+        ],
+        reference,
     )
     plan = make_plan(spec, None, corpora)
 
@@ -97,19 +108,19 @@ def test_every_selected_snapshot_is_staged_per_variant_in_its_corpus_and_trained
     assert json.loads(json.dumps(plan.to_dict()))["trainings"][0]["tokens"][2].startswith("books/b1.ab-")
 
 
-def test_a_mixture_source_that_selects_nothing_is_refused_naming_it(corpora):
-    spec = mixture_spec([{"corpus": "web", "snapshots": "2027-*"}, {"corpus": "books"}])
+def test_a_mixture_source_that_selects_nothing_is_refused_naming_it(corpora, reference):
+    spec = mixture_spec([{"corpus": "web", "snapshots": "2027-*"}, {"corpus": "books"}], reference)
     with pytest.raises(MixtureError, match=r"source.mixture\[0\] \(web\).*match no complete ingest output"):
         make_plan(spec, None, corpora)
-    missing = mixture_spec([{"corpus": "web"}, {"corpus": "papers"}])
+    missing = mixture_spec([{"corpus": "web"}, {"corpus": "papers"}], reference)
     with pytest.raises(MixtureError, match=r"unknown corpus 'papers'"):
         source_parts(missing, load_config(None, corpora, environ={}))
 
 
-def test_the_command_plans_a_mixture_ablation(corpora, tmp_path, capsys):
+def test_the_command_plans_a_mixture_ablation(corpora, reference, capsys):
     from pipeline.ablate.__main__ import main
 
-    arguments = ["--name", "cli", "--reference", str(tmp_path / "ref.jsonl"), "--tokens", "2000"]
+    arguments = ["--name", "cli", "--reference", str(reference), "--tokens", "2000"]
     arguments += ["--variant", "none", "--variant", "rules", "--dry-run"]
     arguments += [f"--set={override}" for override in corpora]
     mixture = "[{corpus: web, snapshots: [s1, s3], weight: 2}, {corpus: books}]"
