@@ -107,8 +107,19 @@ class ClassifierTrainingConfig(Section):
     max_examples_per_class: int = Field(
         100_000, gt=0, description="each class is sampled down to this (seeded)"
     )
+    min_examples_per_class: int = Field(
+        100,
+        gt=0,
+        description="fewer usable examples of either class (distinct texts) is an error, before training",
+    )
     balance: bool = Field(True, description="sample the larger class down to the smaller one's size")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="examples held out for the metrics (seeded)")
+    min_heldout_per_class: int = Field(
+        10,
+        gt=0,
+        description="fewer held-out examples of either class is an error, before training: figures from "
+        "fewer (an ROC AUC from three examples) mean nothing",
+    )
     preprocess: Preprocess = Field(
         "dclm", description="text preparation at training and at scoring (pipeline.classify.preprocess)"
     )
@@ -123,6 +134,16 @@ class ClassifierTrainingConfig(Section):
         for index, source in enumerate(self.labelled):
             if source.score_field is None:
                 raise ValueError(f"labelled[{index}] needs score_field (the column holding its score)")
+        if self.min_examples_per_class > self.max_examples_per_class:
+            raise ValueError(
+                f"min_examples_per_class ({self.min_examples_per_class}) is above max_examples_per_class "
+                f"({self.max_examples_per_class})"
+            )
+        if self.min_heldout_per_class > self.min_examples_per_class:
+            raise ValueError(
+                f"min_heldout_per_class ({self.min_heldout_per_class}) is above min_examples_per_class "
+                f"({self.min_examples_per_class})"
+            )
         return self
 
     def require_examples(self) -> None:
