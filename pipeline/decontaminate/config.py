@@ -64,6 +64,12 @@ class DecontaminateConfig(Section):
     cut_margin_chars: int = Field(200, ge=0, description="cut: characters removed on each side of a match")
     min_piece_chars: int = Field(200, ge=0, description="cut: pieces left shorter than this are discarded")
     max_pieces: int = Field(10, ge=1, description="cut: a document split into more pieces is dropped whole")
+    max_matches: int | None = Field(
+        10,
+        ge=1,
+        description="an n-gram found in more than this many documents is no evidence (an item sharing a licence "
+        "line or a site's footer with the corpus): it drops or cuts nothing (NeMo Curator's 10); null: no cap",
+    )
     broadcast_max_ngrams: int = Field(
         2_000_000,
         ge=0,

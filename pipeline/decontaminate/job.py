@@ -8,10 +8,12 @@ Steps:
               the first set (in config order) holding each; broadcast whole when small
               (``broadcast_max_ngrams``), else a Bloom filter goes to the workers and candidates are joined;
 3. ``match``  one mapInArrow pass over the documents: every n-gram looked up, hits confirmed by the second
-              hash; in mode ``drop`` a document with a match goes to ``excluded/`` with reason
-              ``contaminated:<set>``, the first matching n-gram and the number of matches; in mode ``cut`` the
-              matched spans (and ``cut_margin_chars`` around them) are cut out and the pieces of at least
-              ``min_piece_chars`` kept, unless more than ``max_pieces`` remain or none;
+              hash; an n-gram found in more than ``max_matches`` documents is no evidence and is set aside
+              (boilerplate an item happens to share); in mode ``drop`` a document with a match left goes to
+              ``excluded/`` with reason ``contaminated:<set>``, the first matching n-gram and the number of
+              matches; in mode ``cut`` the matched spans (and ``cut_margin_chars`` around them) are cut out
+              and the pieces of at least ``min_piece_chars`` kept, unless more than ``max_pieces`` remain or
+              none;
 4. ``split``  documents and excluded written; counters per set, and what was read from each set.
 
 With no n-gram in the index (no set found anything) the documents pass through unchanged.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +44,7 @@ from pipeline.decontaminate.ngrams import (
     candidate_rows,
     cut_spans,
     item_ngram_rows,
+    normalize_words,
 )
 
 if TYPE_CHECKING:
@@ -104,6 +108,21 @@ def anything_to_read(config: PipelineConfig, snapshot: str) -> bool:
     return False
 
 
+ITEM_WORDS_SCHEMA = pa.schema([("set_order", pa.int32()), ("words", pa.int32())])
+
+
+def item_word_counts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Each item's normalised word count: an item shorter than ``min_ngram_size`` gives no n-gram, and is
+    counted as skipped."""
+    for batch in batches:
+        normalized = normalize_words(batch.column("text").to_pylist()).to_pylist()
+        words = [text.count(" ") + 1 if text else 0 for text in normalized]
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("set_order").cast(pa.int32()), pa.array(words, pa.int32())],
+            schema=ITEM_WORDS_SCHEMA,
+        )
+
+
 def index_batches(
     batches: Iterator[pa.RecordBatch], ngram_size: int, min_ngram_size: int
 ) -> Iterator[pa.RecordBatch]:
@@ -142,13 +161,22 @@ def build_index(
     else:
         index = index.cache()
         per_set = {int(r["set_order"]): int(r["count"]) for r in index.groupBy("set_order").count().collect()}
-    item_counts = items.groupBy("set_order").count().collect()
+    words = map_in_arrow(items, item_word_counts, spark_schema(ITEM_WORDS_SCHEMA))
+    item_counts = (
+        words.groupBy("set_order")
+        .agg(
+            F.count(F.lit(1)).alias("items"),
+            F.sum((F.col("words") < settings.min_ngram_size).cast("long")).alias("short"),
+        )
+        .collect()
+    )
     return (
         index,
         broadcast,
         {
             "ngrams": dict(per_set),
-            "items": {int(r["set_order"]): int(r["count"]) for r in item_counts},
+            "items": {int(r["set_order"]): int(r["items"]) for r in item_counts},
+            "short": {int(r["set_order"]): int(r["short"]) for r in item_counts},
         },
     )
 
@@ -170,25 +198,21 @@ def decide(
 
 def decide_batches(
     batches: Iterator[pa.RecordBatch],
-    index,
     settings: DecontaminateConfig,
     set_names: list[str],
     out_schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: each document's matches (looked up in the broadcast index, or given in a ``matches``
-    column by the join path), then the decision; every input column passes, text cut where it was."""
+    """mapInArrow body: each document's matches (its ``matches`` column, null for none), then the decision;
+    every input column passes, text cut where it was."""
     for batch in batches:
         texts = [text or "" for text in batch.column("text").to_pylist()]
-        if "matches" in batch.schema.names:
-            found = [
-                sorted(
-                    (Match(m["start"], m["width"], m["set_order"], m["ngram"]) for m in (row or [])),
-                    key=lambda m: (m.start, m.width),
-                )
-                for row in batch.column("matches").to_pylist()
-            ]
-        else:
-            found = index.value.matches(texts)
+        found = [
+            sorted(
+                (Match(m["start"], m["width"], m["set_order"], m["ngram"]) for m in (row or [])),
+                key=lambda m: (m.start, m.width),
+            )
+            for row in batch.column("matches").to_pylist()
+        ]
         decisions = [
             decide(text, matches, settings, set_names) for text, matches in zip(texts, found, strict=True)
         ]
@@ -211,6 +235,52 @@ def decide_batches(
         columns["contamination_matches"] = pa.array([d[3] for d in decisions], pa.int32())
         columns["drop_reason"] = pa.array([d[0] for d in decisions], pa.string())
         yield pa.RecordBatch.from_arrays([columns[name] for name in out_schema.names], schema=out_schema)
+
+
+MATCH_ROWS_SCHEMA = pa.schema([("id", pa.string()), ("matches", MATCHES_TYPE)])
+
+
+def broadcast_matches(docs: DataFrame, index: NgramIndex) -> DataFrame:
+    """(id, matches) for documents with a confirmed match, looked up in the index broadcast whole."""
+    shared = docs.sparkSession.sparkContext.broadcast(index)
+
+    def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            found = shared.value.matches(batch.column("text").to_pylist())
+            ids = batch.column("id").to_pylist()
+            hits = [row for row, matches in enumerate(found) if matches]
+            matches = [[asdict(match) for match in found[row]] for row in hits]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([ids[row] for row in hits], pa.string()), pa.array(matches, MATCHES_TYPE)],
+                schema=MATCH_ROWS_SCHEMA,
+            )
+
+    return map_in_arrow(docs.select("id", "text"), body, spark_schema(MATCH_ROWS_SCHEMA))
+
+
+def evidence(matched: DataFrame, max_matches: int | None) -> tuple[DataFrame, dict[str, Any]]:
+    """Each matched document's matches without the n-grams found in more than ``max_matches`` documents
+    (one row per id; a document left with none is no longer matched), and what the cap set aside."""
+    from pyspark.sql import functions as F
+
+    exploded = matched.select("id", F.explode("matches").alias("match")).withColumn(
+        "ngram", F.col("match.ngram")
+    )
+    record: dict[str, Any] = {"max_matches": max_matches}
+    if max_matches is not None:
+        per_ngram = (
+            exploded.select("id", "ngram")
+            .distinct()
+            .groupBy("ngram")
+            .agg(F.count(F.lit(1)).alias("documents"))
+        )
+        common = per_ngram.where(F.col("documents") > max_matches)
+        examples = common.orderBy(F.desc("documents"), "ngram").limit(10).collect()
+        record["ngrams_over_cap"] = common.count()
+        record["examples"] = [{"ngram": r["ngram"], "documents": int(r["documents"])} for r in examples]
+        exploded = exploded.join(F.broadcast(common.select("ngram")), "ngram", "left_anti")
+    kept = exploded.groupBy("id").agg(F.collect_list("match").alias("matches"))
+    return kept, record
 
 
 def joined_matches(docs: DataFrame, index: DataFrame, ngrams: int, widths: list[int]) -> DataFrame:
@@ -310,7 +380,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
 
         items, found = items_frame(spark, config, output.snapshot)
         index, collected, stats = (
-            build_index(items, settings) if items is not None else (None, [], {"ngrams": {}, "items": {}})
+            build_index(items, settings)
+            if items is not None
+            else (None, [], {"ngrams": {}, "items": {}, "short": {}})
         )
         total = sum(stats["ngrams"].values())
         sets_record = {
@@ -318,6 +390,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "kind": settings.sets[order].kind,
                 "items": stats["items"].get(order, 0),
                 "ngrams": stats["ngrams"].get(order, 0),
+                "skipped_short_items": stats["short"].get(order, 0),
                 **found.get(name, {}),
             }
             for order, name in enumerate(set_names)
@@ -346,24 +419,20 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         out_schema = pa.schema([*arrow, *CONTAMINATION_FIELDS, pa.field("drop_reason", pa.string())])
         if collected is not None:
             widths = sorted({int(r["width"]) for r in collected})
-            shared = spark.sparkContext.broadcast(
-                NgramIndex.from_columns(
-                    {
-                        name: [r[name] for r in collected]
-                        for name in ("check", "set_order", "width", "prefix")
-                    },
-                    settings.min_ngram_size,
-                )
-            )
-            body_input, path = docs, "broadcast"
+            columns = {
+                name: [r[name] for r in collected] for name in ("check", "set_order", "width", "prefix")
+            }
+            matched = broadcast_matches(docs, NgramIndex.from_columns(columns, settings.min_ngram_size))
+            path = "broadcast"
         else:
             widths = sorted(int(r["width"]) for r in index.select("width").distinct().collect())
-            matched = joined_matches(docs, index, total, widths)
-            body_input, shared, path = docs.join(F.broadcast(matched), "id", "left"), None, "join"
+            matched, path = joined_matches(docs, index, total, widths), "join"
         extra["decontaminate"]["index"] = {"ngrams": total, "widths": widths, "path": path}
+        matched = matched.persist(StorageLevel.MEMORY_AND_DISK_DESER)  # read by the cap and the decisions
+        kept_matches, extra["decontaminate"]["frequency_cap"] = evidence(matched, settings.max_matches)
         decided = map_in_arrow(
-            body_input,
-            lambda batches: decide_batches(batches, shared, settings, set_names, out_schema),
+            docs.join(F.broadcast(kept_matches), "id", "left"),
+            lambda batches: decide_batches(batches, settings, set_names, out_schema),
             spark_schema(out_schema),
         ).persist(StorageLevel.MEMORY_AND_DISK_DESER)  # the serialized level ran out of heap at 1M documents
         try:
@@ -384,6 +453,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             )
         finally:
             decided.unpersist()
+            matched.unpersist()
             index.unpersist()  # cached on the join path, which reads it until the decisions are written
         log.info(
             "decontaminate: kept %d of %d documents; dropped %s",

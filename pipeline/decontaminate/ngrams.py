@@ -15,16 +15,17 @@ is summarised as a Bloom filter for the workers and the few candidates are joine
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.dedup.minhash import U64, mix64, normalize_for_dedup, shingle_hashes
+from pipeline.dedup.minhash import CJK_CLASS, NOT_WORD, U64, mix64, normalize_for_dedup, shingle_hashes
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -151,7 +152,7 @@ class NgramIndex:
     prefix_size: int
 
     @classmethod
-    def from_columns(cls, columns: dict[str, Sequence], prefix_size: int) -> NgramIndex:
+    def from_columns(cls, columns: Mapping[str, Sequence], prefix_size: int) -> NgramIndex:
         """From INDEX_SCHEMA columns (``item_ngram_rows(...).to_pydict()``, or the rows collected in Spark)."""
         checks = np.asarray(columns["check"], dtype=np.int64)
         order = np.argsort(checks, kind="stable")
@@ -238,11 +239,15 @@ def candidate_rows(
         hits = np.flatnonzero(bloom.may_contain(shingled.hashes))
         owner = np.searchsorted(shingled.offsets, hits, side="right") - 1
         for hit, doc in zip(hits.tolist(), owner.tolist(), strict=True):
+            if len(shingled.words(doc)) < width:
+                # A text shorter than the width is one shingle of all its words: that n-gram is looked up
+                # under its own width, if the index has it, and is counted there once.
+                continue
             local = hit - int(shingled.offsets[doc])
             ngram = shingled.ngram(doc, local)
             rows["id"].append(ids[doc])
             rows["start"].append(local)
-            rows["width"].append(min(width, len(shingled.words(doc))))
+            rows["width"].append(width)
             rows["hash"].append(int(shingled.hashes[hit]))
             rows["check"].append(check_hash(ngram))
             rows["ngram"].append(ngram)
@@ -251,50 +256,64 @@ def candidate_rows(
 
 # --- cutting spans out (mode cut) ----------------------------------------------------------------------------
 
-_CJK_NAMES = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA")
+_SEPARATOR, _WORD, _CJK = 0, 1, 2
 
 
-def _is_word_char(char: str) -> bool:
-    return unicodedata.category(char)[0] in "LNM"
-
-
-def _is_cjk(char: str) -> bool:
-    return unicodedata.name(char, "").startswith(_CJK_NAMES)
+@functools.lru_cache(maxsize=65536)
+def _char_class(char: str) -> int:
+    """What ``normalize_for_dedup`` makes of one normalised character, by its own RE2 classes (not Python's
+    Unicode tables or character names, which disagree on marks like 々 and ー)."""
+    one = pa.array([char], pa.string())
+    if pc.match_substring_regex(one, NOT_WORD)[0].as_py():
+        return _SEPARATOR
+    return _CJK if pc.match_substring_regex(one, f"^[{CJK_CLASS}]$")[0].as_py() else _WORD
 
 
 def word_spans(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """The normalised words of ``text`` and each one's (start, end) in the original text. Each base character
-    and its combining marks are normalised together, as NFKC of the whole text would."""
-    words: list[str] = []
-    spans: list[tuple[int, int]] = []
-    current: list[str] = []
-    start = 0
-    last_end = 0
-
-    def close():
-        if current:
-            words.append("".join(current))
-            spans.append((start, last_end))
-            current.clear()
-
+    and its combining marks are normalised together, as NFKC of the whole text would, and lower case is taken
+    of the whole normalised text (a final sigma depends on its neighbours), as ``normalize_for_dedup`` does."""
+    folded: list[str] = []
+    sources: list[tuple[int, int]] = []
     index = 0
     while index < len(text):
         end = index + 1
         while end < len(text) and unicodedata.category(text[end])[0] == "M":
             end += 1
-        for char in unicodedata.normalize("NFKC", text[index:end]).lower():
-            if not _is_word_char(char):
+        for char in unicodedata.normalize("NFKC", text[index:end]):
+            folded.append(char)
+            sources.append((index, end))
+        index = end
+    lowered = "".join(folded).lower()
+
+    words: list[str] = []
+    spans: list[tuple[int, int]] = []
+    current: list[str] = []
+    start = last_end = 0
+
+    def close() -> None:
+        if current:
+            words.append("".join(current))
+            spans.append((start, last_end))
+            current.clear()
+
+    position = 0
+    for char, (lo, hi) in zip(folded, sources, strict=True):
+        width = len(char.lower())  # one character except U+0130, whose lower case is two
+        for low in lowered[position : position + width]:
+            kind = _char_class(low)
+            if kind == _SEPARATOR:
                 close()
-            elif _is_cjk(char):
+            elif kind == _CJK:
                 close()
-                words.append(char)
-                spans.append((index, end))
+                words.append(low)
+                spans.append((lo, hi))
             else:
                 if not current:
-                    start = index
-                current.append(char)
-                last_end = end
-        index = end
+                    start = lo
+                current.append(low)
+                last_end = hi
+        position += width
     close()
     return words, spans
 

@@ -32,7 +32,7 @@ MASK64 = (1 << 64) - 1
 # RE2 classes (Arrow's regex engine). Han/kana have no spaces between words: one token per character.
 CJK_CLASS = r"\p{Han}\p{Hiragana}\p{Katakana}"
 _CJK_CHAR = f"([{CJK_CLASS}])"
-_NOT_WORD = r"[^\pL\pN\pM]+"
+NOT_WORD = r"[^\pL\pN\pM]+"
 _SPACE = 32
 # Odd multiplier of the shingle polynomial hash, and its inverse mod 2^64 (to shift a substring hash to 0).
 POLY_BASE = 0x100000001B3 * 2 + 1
@@ -62,7 +62,7 @@ def normalize_for_dedup(texts: pa.Array) -> pa.Array:
         pa.large_string(),
     )
     texts = pc.replace_substring_regex(texts, _CJK_CHAR, r" \1 ")
-    texts = pc.replace_substring_regex(texts, _NOT_WORD, " ")
+    texts = pc.replace_substring_regex(texts, NOT_WORD, " ")
     return pc.utf8_trim(texts, " ")
 
 

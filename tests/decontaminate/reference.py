@@ -43,3 +43,20 @@ def contaminated(text: str, grams: set[tuple[str, ...]]) -> bool:
     tokens = words(text)
     widths = {len(g) for g in grams}
     return any(tuple(tokens[i : i + w]) in grams for w in widths for i in range(max(0, len(tokens) - w + 1)))
+
+
+def shared_grams(text: str, grams: set[tuple[str, ...]]) -> set[tuple[str, ...]]:
+    """The item n-grams a text holds."""
+    tokens = words(text)
+    widths = {len(g) for g in grams}
+    return {tuple(tokens[i : i + w]) for w in widths for i in range(max(0, len(tokens) - w + 1))} & grams
+
+
+def contaminated_with_cap(texts: list[str], grams: set[tuple[str, ...]], cap: int) -> list[bool]:
+    """A text is contaminated when it holds an item n-gram that at most ``cap`` of the texts hold."""
+    held = [shared_grams(text, grams) for text in texts]
+    documents: dict[tuple[str, ...], int] = {}
+    for found in held:
+        for gram in found:
+            documents[gram] = documents.get(gram, 0) + 1
+    return [any(documents[gram] <= cap for gram in found) for found in held]

@@ -213,3 +213,50 @@ def test_nothing_to_match_passes_the_documents_through(world):
     manifest = job.run(config, [DatasetRef.of(config, "classify", SNAPSHOT)], output)
     assert manifest.rows == {"documents": len(world["documents"]), "excluded": 0}
     assert "contamination_ngram" in pq.read_schema(next((output.path / "excluded").glob("*.parquet"))).names
+
+
+def test_an_ngram_in_more_documents_than_the_cap_is_no_evidence_as_a_brute_force_finds(world):
+    """A licence line an item shares with many pages drops none of them; a rarer shared n-gram still drops its
+    documents, on both paths; an item too short to give an n-gram is counted as skipped."""
+    from tests.decontaminate import reference
+
+    root = world["root"]
+    licence = "Permission is hereby granted free of charge to any person obtaining a copy of this software"
+    question = QUESTIONS[1]["question"]
+    items = root / "capped.jsonl"
+    lines = [f"{licence} and the question {question}", "too short to count"]
+    items.write_text("".join(json.dumps({"text": text}) + "\n" for text in lines))
+    rng = random.Random(11)
+    texts = [f"{filler(rng, 40)} {disguise(licence, rng)} {filler(rng, 40)}" for _ in range(5)]
+    texts += [f"{filler(rng, 40)} {disguise(question, rng)} {filler(rng, 40)}" for _ in range(2)]
+    texts.append(f"{disguise(licence, rng)} {filler(rng, 20)} {question}")
+    texts += [filler(rng, 60) for _ in range(4)]
+    documents = [document(text, key=f"capped{n}") for n, text in enumerate(texts)]
+    config = make_config(root / "data", "project.corpus=capped")
+    publish_documents(config, "classify", SNAPSHOT, documents, files=2)
+
+    grams = reference.item_ngrams(lines, 13, 8)
+    expected = reference.contaminated_with_cap(texts, grams, 4)
+    assert expected == [False] * 5 + [True] * 3 + [False] * 4  # the licence's 6 documents are over the cap
+    for path in ("broadcast", "join"):
+        config = make_config(
+            root / "data",
+            "project.corpus=capped",
+            f"decontaminate.sets=[{{name: capped, path: {items}}}]",
+            "decontaminate.max_matches=4",
+            *(["decontaminate.broadcast_max_ngrams=0"] if path == "join" else []),
+        )
+        output = DatasetRef.of(config, "decontaminate", f"{SNAPSHOT}-capped-{path}")
+        manifest = job.run(config, [DatasetRef.of(config, "classify", SNAPSHOT)], output)
+        record = manifest.extra["decontaminate"]
+        assert record["index"]["path"] == path
+        dropped = {row["id"] for row in read(output, "excluded")}
+        assert [row["id"] in dropped for row in documents] == expected
+        assert record["sets"]["capped"]["items"] == 2 and record["sets"]["capped"]["skipped_short_items"] == 1
+        cap = record["frequency_cap"]
+        assert cap["max_matches"] == 4 and cap["ngrams_over_cap"] > 0
+        assert all(example["documents"] == 6 for example in cap["examples"])
+        # The document holding both counts the question's n-grams only.
+        both = next(row for row in read(output, "excluded") if row["id"] == documents[7]["id"])
+        question_grams = reference.shared_grams(texts[7], grams) - reference.shared_grams(texts[0], grams)
+        assert both["contamination_matches"] == len(question_grams)

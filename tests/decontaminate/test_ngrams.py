@@ -151,3 +151,55 @@ def test_the_ascii_fast_path_normalises_exactly_as_dedup_does(texts):
     from pipeline.dedup.minhash import normalize_for_dedup
 
     assert normalize_words(texts).to_pylist() == normalize_for_dedup(pa.array(texts, pa.string())).to_pylist()
+
+
+# Letters whose normalised form depends on their neighbours or on a character class Python's tables and RE2's
+# disagree on: a final sigma, 々 (Han by script, not by name), ー (Common by script, Katakana by name), İ (two
+# characters in lower case), a combining acute, a ligature, full-width letters, and separators.
+TRICKY = "ΟΔΣΟΣΑαß々ーİe\u0301ﬁＡ日あア ,.'-\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=TRICKY + "abcXYZ", max_size=40))
+def test_word_spans_are_the_words_dedup_normalisation_makes(text):
+    """Cut mode maps matches back to the text through word_spans: where its words differ from
+    normalize_for_dedup's, a document that shares an n-gram was dropped instead of cut."""
+    import pyarrow as pa
+
+    from pipeline.dedup.minhash import normalize_for_dedup
+
+    words, spans = word_spans(text)
+    assert " ".join(words) == normalize_for_dedup(pa.array([text], pa.string()))[0].as_py()
+    assert len(spans) == len(words) and spans == sorted(spans)
+    assert all(0 <= start < end <= len(text) for start, end in spans)
+
+
+def test_cut_mode_cuts_greek_and_japanese_documents_instead_of_dropping_them():
+    item = "Η ΟΔΟΣ ΠΡΟΣ ΤΗΝ ΑΘΗΝΑ ΠΕΡΝΑ ΑΠΟ ΤΟ ΠΑΛΙΟ ΛΙΜΑΝΙ ΚΑΙ ΤΟΝ ΛΟΦΟ ΤΟΥ ΝΑΟΥ ΣΤΗΝ ΑΚΡΗ ΤΗΣ ΠΟΛΗΣ"
+    before, after = "Λόγος " * 40, " abc々def xーy" * 20
+    text = f"{before}\n{item.title()}\n{after}"
+    index = index_of([item])
+    matches = index.matches([text])[0]
+    assert matches
+    pieces = cut_spans(text, matches, margin=0, min_piece=10)
+    assert pieces is not None and len(pieces) == 2
+    assert pieces[0] == before.strip() and pieces[1] == after.strip()
+    assert not index.matches(["\n".join(pieces)])[0]
+
+
+def test_a_short_document_is_a_candidate_once_on_the_join_path():
+    """A document shorter than the widest n-gram was looked up under that width too (one shingle of all its
+    words) and counted twice when its own length was also a width of the index."""
+    from pipeline.decontaminate.ngrams import candidate_rows
+
+    items = ["alpha beta gamma delta epsilon zeta eta theta iota kappa", " ".join(f"w{i}" for i in range(20))]
+    rows, _ = item_ngram_rows(items, [0, 0], 13, 8)
+    bloom = BloomFilter.sized(len(rows))
+    bloom.add(np.array(rows.column("hash").to_pylist(), dtype=np.int64))
+    widths = sorted(set(rows.column("width").to_pylist()))
+    assert widths == [10, 13]
+    found = candidate_rows(
+        ["short"], ["Alpha, beta gamma delta epsilon zeta eta theta iota kappa."], bloom, widths
+    )
+    confirmed = {(s, w, c) for s, w, c in zip(found["start"], found["width"], found["check"], strict=True)}
+    assert len(found["id"]) == len(confirmed) == 1
