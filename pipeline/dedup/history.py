@@ -11,7 +11,9 @@ not comparable and are computed again.
 **History.** ``dedup.against`` selects earlier snapshots (``pipeline.core.snapshots``: ``all``, ``last:N``,
 ``FROM..TO``, names, a glob) among those of the corpus with a dedup output or a dedup input, and only those
 that sort **before** the snapshot being deduplicated: a backfill of an old snapshot compares with older ones
-only. A history snapshot's keys are read from its dedup output; one whose dedup output is missing (or was made
+only. What that leaves out is said, never silent (``history_gaps``): later snapshots deduplicated without this
+one (what the two share is kept in both until they are re-run), and earlier ones ``against`` selects whose
+output is incomplete. A history snapshot's keys are read from its dedup output; one whose dedup output is missing (or was made
 with other hashing settings) has its keys computed from its input in this run (counted in
 ``history.computed``: the same keys its own run would store).
 
@@ -29,16 +31,17 @@ A matched document is dropped with reason ``duplicate_of_earlier_snapshot``; its
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pipeline.core.snapshots import SnapshotSelection, base_snapshot, complete_snapshots
+from pipeline.core.manifest import DamagedInputError
+from pipeline.core.snapshots import SnapshotSelection, base_snapshot, complete_snapshots, snapshot_folders
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema
-from pipeline.core.storage import DatasetRef
+from pipeline.core.storage import STAGING_PREFIX, DatasetRef, MissingInputError, local_path
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.minhash import MinHasher
 
@@ -94,19 +97,104 @@ def snapshot_keys(features: DataFrame, decisions: DataFrame, snapshot: str) -> D
     )
 
 
+def _earlier(snapshot: str, names: Iterable[str]) -> list[str]:
+    """The names that sort before ``snapshot``, in name order. An ablation variant (``<snapshot>.ab-<id>``)
+    is placed where the snapshot it derives from is, so neither its own source nor a sibling variant counts
+    as earlier."""
+    base = base_snapshot(snapshot)
+    return sorted(name for name in set(names) if base_snapshot(name) < base)
+
+
+def _complete(root: str, corpus: str, input_stage: str, stage: str) -> set[str]:
+    """The snapshots a history can hold: those with a complete dedup output or dedup input."""
+    return {*complete_snapshots(root, corpus, stage), *complete_snapshots(root, corpus, input_stage)}
+
+
 def selected_history(
     root: str, corpus: str, snapshot: str, against: str | list[str], input_stage: str, stage: str
 ) -> list[str]:
     """The earlier snapshots ``against`` names: among those with a complete dedup output or input, the ones
-    that sort before ``snapshot``. An ablation variant (``<snapshot>.ab-<id>``) is placed where the snapshot
-    it derives from is, so neither its own source nor a sibling variant counts as earlier; a variant of an
-    earlier snapshot counts only when ``against`` names it."""
-    available = sorted(
-        {*complete_snapshots(root, corpus, stage), *complete_snapshots(root, corpus, input_stage)}
+    that sort before ``snapshot`` (``_earlier``); a variant of an earlier snapshot counts only when
+    ``against`` names it."""
+    available = _complete(root, corpus, input_stage, stage)
+    return SnapshotSelection.parse(against).select(_earlier(snapshot, available))
+
+
+@dataclass(frozen=True)
+class HistoryGaps:
+    """What a run's history leaves out that a user should act on (manifest ``extra.history``)."""
+
+    rerun_later: list[str]  # later dedup outputs made without this snapshot: re-run them after this one
+    incomplete_earlier: list[str]  # earlier snapshots ``against`` selects with no complete output: left out
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"rerun_later": self.rerun_later, "incomplete_earlier": self.incomplete_earlier}
+
+
+def _snapshots_present(root: str, corpus: str, stage: str) -> set[str]:
+    """Snapshots of ``stage`` with a folder, complete or not, or a run writing one (its staging folder)."""
+    folder = local_path(root) / corpus / stage
+    staging = (
+        {entry.name[len(STAGING_PREFIX) :].partition("@")[0] for entry in folder.glob(f"{STAGING_PREFIX}*")}
+        if folder.is_dir()
+        else set()
     )
-    base = base_snapshot(snapshot)
-    earlier = [name for name in available if base_snapshot(name) < base]
-    return SnapshotSelection.parse(against).select(earlier)
+    return {*snapshot_folders(root, corpus, stage), *staging}
+
+
+def history_gaps(
+    root: str, corpus: str, snapshot: str, against: str | list[str], input_stage: str, stage: str
+) -> HistoryGaps:
+    """The later snapshots to re-run and the earlier ones left out, each logged as a warning.
+
+    A later snapshot is one whose dedup output is complete, that sorts after ``snapshot`` (a variant of
+    ``snapshot``'s own source does not), whose history ``against`` would give ``snapshot`` once this run is
+    complete, and whose manifest's ``counters.history.snapshots`` does not hold it: it was deduplicated
+    before ``snapshot`` had an input (or with ``against`` off), so the documents the two share survive in
+    both. Which snapshots this run compares with does not change (a snapshot dedups against earlier ones)."""
+    selection = SnapshotSelection.parse(against)
+    available = _complete(root, corpus, input_stage, stage)
+    present = _snapshots_present(root, corpus, stage) | _snapshots_present(root, corpus, input_stage)
+    incomplete = [name for name in selection.select(_earlier(snapshot, present)) if name not in available]
+    for name in incomplete:
+        log.warning(
+            "dedup.against: %s/%s has no complete %s or %s output (a run still writing it, or one that "
+            "failed): it is left out of %s's history, so the documents the two share stay in %s; re-run dedup "
+            "for %s once %s is complete",
+            corpus,
+            name,
+            input_stage,
+            stage,
+            snapshot,
+            snapshot,
+            snapshot,
+            name,
+        )
+    after = available | {snapshot}
+    rerun = []
+    for name in complete_snapshots(root, corpus, stage):
+        if base_snapshot(name) <= base_snapshot(snapshot):
+            continue
+        if snapshot not in selection.select(_earlier(name, after)):
+            continue  # ``against`` would not give it this snapshot either (last:N, a range, names)
+        try:
+            history = DatasetRef(root, corpus, stage, name).manifest().counters.get("history") or {}
+        except (DamagedInputError, MissingInputError):
+            history = {}  # unreadable: re-running it is the fix either way
+        if snapshot not in history.get("snapshots", []):
+            rerun.append(name)
+    if rerun:
+        log.warning(
+            "dedup.against: %s/%s is deduplicated after the later snapshot(s) %s, which compared without it: "
+            "the documents they share with %s stay in both. Re-run dedup for %s, in name order, after this "
+            "run (docs/dedup.md, Backfill order)",
+            corpus,
+            snapshot,
+            rerun,
+            snapshot,
+            rerun,
+        )
+    return HistoryGaps(rerun, incomplete)
 
 
 @dataclass

@@ -46,6 +46,7 @@ from pipeline.dedup.history import (
     KEYS,
     MATCHES_SCHEMA,
     earlier_duplicates,
+    history_gaps,
     keys_settings,
     load_history,
     snapshot_keys,
@@ -488,10 +489,11 @@ def drop_earlier_duplicates(
     docs: DataFrame,
     folder: Path,
     hashed,
-) -> tuple[DataFrame, int, dict]:
-    """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, matches written, counts):
-    the documents this snapshot keeps on its own (``folder``/keys) against the earlier snapshots
-    ``dedup.against`` names (pipeline.dedup.history); the matches go to ``folder``/earlier_duplicates."""
+) -> tuple[DataFrame, int, dict, dict]:
+    """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, matches written, counts,
+    what the history leaves out): the documents this snapshot keeps on its own (``folder``/keys) against the
+    earlier snapshots ``dedup.against`` names (pipeline.dedup.history); the matches go to
+    ``folder``/earlier_duplicates."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -511,6 +513,9 @@ def drop_earlier_duplicates(
                 frame.unpersist()
         return computed
 
+    gaps = history_gaps(
+        output.root, output.corpus, output.snapshot, dedup.against, input_stage, output.stage
+    ).as_dict()
     history = load_history(
         spark, output, input_stage, dedup.against, keys_settings(hasher, dedup), compute_keys
     )
@@ -520,7 +525,7 @@ def drop_earlier_duplicates(
         matches = spark.createDataFrame([], spark_schema(MATCHES_SCHEMA))
         written = write_parquet(matches, folder / EARLIER, files, known_rows=0)
         counters = {"against": dedup.against, "snapshots": [], "stored": [], "computed": []}
-        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, counters
+        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, counters, gaps
     matches, counters = earlier_duplicates(
         spark.read.parquet(str(folder / KEYS)),
         docs.where(F.col("text").isNotNull()).select("id", "text"),
@@ -571,7 +576,7 @@ def drop_earlier_duplicates(
         counters["exact_matches"],
         counters["near_matches"],
     )
-    return updated, written, counters
+    return updated, written, counters, gaps
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
@@ -608,7 +613,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         rows = {}
         earlier_columns: list[str] = []
         if dedup.against is not None:
-            decisions, rows[EARLIER], counters["history"] = drop_earlier_duplicates(
+            decisions, rows[EARLIER], counters["history"], extra["history"] = drop_earlier_duplicates(
                 config, output, clean.stage, hasher, clock, decisions, docs, out.path, hashed
             )
             earlier_columns = ["earlier_snapshot", "earlier_id"]

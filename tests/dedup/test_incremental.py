@@ -4,6 +4,7 @@ stored keys read rather than hashed again."""
 
 from __future__ import annotations
 
+import logging
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup import job
-from pipeline.dedup.history import EARLIER_DUPLICATE, selected_history
+from pipeline.dedup.history import EARLIER_DUPLICATE, HistoryGaps, history_gaps, selected_history
 from tests.conftest import make_config
 from tests.dedup.synthetic import (
     CLEAN_SCHEMA,
@@ -247,3 +248,75 @@ def test_an_ablation_variant_never_takes_its_own_source_or_a_sibling_as_history(
 def test_a_malformed_against_fails_at_config_load(tmp_path, value, message):
     with pytest.raises(ConfigError, match=rf"dedup\.against.*{message}"):
         make_config(tmp_path, f"dedup.against={value}")
+
+
+def publish(config, stage: str, snapshot: str, counters: dict | None = None) -> None:
+    with StageOutput(DatasetRef.of(config, stage, snapshot), config) as out:
+        out.commit(counters=counters)
+
+
+def test_a_backfill_names_the_later_snapshots_that_compared_without_it(tmp_path, caplog):
+    """A backfill of 2026-11-02 after 2026-11-04 and 2026-11-05 ran: it compares only with older snapshots
+    (the documented semantics), so what it shares with a later one that ran without it survives in both.
+    Those later ones are named, to re-run; one whose history held it already (its input existed then), one
+    that ``against`` would not give it, and a variant of its own source are not."""
+    config = make_config(tmp_path / "data")
+    for stage, snapshot in [
+        ("clean", "2026-11-01"),
+        ("clean", "2026-11-02"),
+        ("clean", "2026-11-02.ab-0123456789abcdef"),
+        ("dedup", "2026-11-02.ab-0123456789abcdef"),
+    ]:
+        publish(config, stage, snapshot)
+    publish(config, "dedup", "2026-11-03", {"history": {"snapshots": ["2026-11-01", "2026-11-02"]}})
+    publish(config, "dedup", "2026-11-04", {"history": {"snapshots": ["2026-11-01", "2026-11-03"]}})
+    publish(config, "dedup", "2026-11-05")  # deduplicated with dedup.against off
+    gaps = lambda against: history_gaps(  # noqa: E731
+        str(tmp_path / "data"), config.project.corpus, "2026-11-02", against, "clean", "dedup"
+    )
+    with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
+        found = gaps("all")
+    assert found == HistoryGaps(rerun_later=["2026-11-04", "2026-11-05"], incomplete_earlier=[])
+    assert "2026-11-04" in caplog.text and "2026-11-05" in caplog.text and "Re-run dedup" in caplog.text
+    assert gaps("last:2").rerun_later == ["2026-11-04"]  # 2026-11-05's last two are 11-03 and 11-04
+    assert gaps("2026-11-01..2026-11-02").rerun_later == ["2026-11-04", "2026-11-05"]
+    assert history_gaps(
+        str(tmp_path / "data"), config.project.corpus, "2026-11-05", "all", "clean", "dedup"
+    ) == HistoryGaps([], [])
+
+
+def test_an_earlier_snapshot_with_an_incomplete_output_is_named_not_silently_left_out(tmp_path, caplog):
+    """An earlier snapshot whose clean output has no _SUCCESS (a failed run), or is still being written (its
+    staging folder), is not in the history, as before; now each is named in a warning."""
+    config = make_config(tmp_path / "data")
+    publish(config, "clean", "2026-11-01")
+    stage_folder = tmp_path / "data" / config.project.corpus / "clean"
+    (stage_folder / "2026-11-02" / "documents").mkdir(parents=True)  # a run that failed before publishing
+    (stage_folder / ".staging-2026-11-03@0a1b2c3d").mkdir()  # a run still writing
+    (stage_folder / ".staging-2026-11-09@0a1b2c3d").mkdir()  # later: not history
+    root = str(tmp_path / "data")
+    with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
+        found = history_gaps(root, config.project.corpus, "2026-11-04", "all", "clean", "dedup")
+    assert found.incomplete_earlier == ["2026-11-02", "2026-11-03"]
+    assert "2026-11-02" in caplog.text and "2026-11-03" in caplog.text and "2026-11-09" not in caplog.text
+    assert selected_history(root, config.project.corpus, "2026-11-04", "all", "clean", "dedup") == [
+        "2026-11-01"
+    ]
+    assert history_gaps(root, config.project.corpus, "2026-11-04", "2026-11-01", "clean", "dedup") == (
+        HistoryGaps([], [])
+    )
+
+
+@pytest.mark.slow
+def test_a_backfill_records_the_later_snapshots_to_rerun_in_its_manifest(tmp_path, corpus, caplog):
+    """s2 deduplicated before s1's input existed, then s1 backfilled: s1's manifest names s2 to re-run."""
+    rows, _ = corpus
+    config = make_config(tmp_path / "data", *SETTINGS)
+    s1, s2, _ = SNAPSHOTS
+    publish_clean(config, s2, rows[s2])
+    assert dedup(config, s2).extra["history"] == {"rerun_later": [], "incomplete_earlier": []}
+    publish_clean(config, s1, rows[s1])
+    with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
+        manifest = dedup(config, s1)
+    assert manifest.extra["history"] == {"rerun_later": [s2], "incomplete_earlier": []}
+    assert f"Re-run dedup for ['{s2}']" in caplog.text
