@@ -5,7 +5,7 @@ Bad input is counted, never fatal:
 - documents longer than ``chunk_chars`` are encoded in pieces cut before whitespace (``chunked_documents``),
   which bounds the work BPE does on one pre-token and the memory of one encode call;
 - special-token strings inside a document are encoded as plain text, so the end-of-text id appears only where
-  this stage puts it: once, after each document.
+  this stage puts it: once, after each document (``DocumentEncoder.__post_init__``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 REPLACEMENT = "\ufffd"
 # Where a hard cut (no whitespace near the limit) must not land: before a combining mark, a joiner or a
@@ -126,20 +126,40 @@ class DocumentEncoder:
     dtype: np.dtype
     chunk_chars: int = 100_000
     counters: EncodeCounters = field(default_factory=EncodeCounters)
+    plain_ids: tuple[int, ...] = ()  # other ids a document's text must not produce (the padding token's)
 
     def __post_init__(self) -> None:
-        # A literal "<|endoftext|>" in a web page must not become a document boundary.
+        # A literal "<|endoftext|>" in a web page must not become a document boundary. tokenizers matches
+        # added tokens in the input before anything else; with encode_special_tokens it skips those marked
+        # special, so their text goes through normaliser, pre-tokenizer and model as any other text. A
+        # brought tokenizer.json may add its end-of-text (or padding) token unmarked, as a plain added token
+        # that would still be matched: it is marked special here. Ids, and the encoding of every text that
+        # does not spell such a token, stay as they were (the flag only changes that token's matching).
         self.tokenizer.encode_special_tokens = True
+        added = self.tokenizer.get_added_tokens_decoder()
+        unmarked = [
+            added[token_id].content
+            for token_id in sorted({self.eos_id, *self.plain_ids})
+            if token_id in added and not added[token_id].special
+        ]
+        if unmarked:
+            self.tokenizer.add_special_tokens([AddedToken(content, special=True) for content in unmarked])
         self._typecode = {np.dtype(np.uint16): "H", np.dtype(np.int32): "i"}[np.dtype(self.dtype)]
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Tokenizer, eos_token: str, chunk_chars: int) -> DocumentEncoder:
+    def for_tokenizer(
+        cls, tokenizer: Tokenizer, eos_token: str, chunk_chars: int, pad_token: str | None = None
+    ) -> DocumentEncoder:
         from pipeline.tokenization.shards import token_dtype
 
         eos_id = tokenizer.token_to_id(eos_token)
         if eos_id is None:
             raise ValueError(f"the tokenizer has no end-of-text token {eos_token!r}")
-        return cls(tokenizer, eos_id, token_dtype(vocabulary_size(tokenizer)), chunk_chars)
+        pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
+        plain_ids = () if pad_id is None else (pad_id,)
+        return cls(
+            tokenizer, eos_id, token_dtype(vocabulary_size(tokenizer)), chunk_chars, plain_ids=plain_ids
+        )
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode texts (none may be None) into (tokens, lengths): all documents' ids back to back, each

@@ -91,11 +91,15 @@ SHARD_FIELDS = (
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_encoder(tokenizer_path: str, eos_token: str, chunk_chars: int) -> DocumentEncoder:
+def _cached_encoder(
+    tokenizer_path: str, eos_token: str, chunk_chars: int, pad_token: str | None
+) -> DocumentEncoder:
     """Loaded once per Python worker (workers are reused across tasks), not once per batch."""
     from tokenizers import Tokenizer
 
-    return DocumentEncoder.for_tokenizer(Tokenizer.from_file(tokenizer_path), eos_token, chunk_chars)
+    return DocumentEncoder.for_tokenizer(
+        Tokenizer.from_file(tokenizer_path), eos_token, chunk_chars, pad_token
+    )
 
 
 def _split_runs(splits: list[str]) -> Iterator[tuple[str, int, int]]:
@@ -137,6 +141,7 @@ def encode_partition(
     tokenizer_path: str,
     output: str,
     eos_token: str,
+    pad_token: str | None,
     chunk_chars: int,
     max_tokens_per_shard: int,
     threads: int,
@@ -144,7 +149,7 @@ def encode_partition(
     from pyspark import TaskContext
 
     configure_threads(threads)
-    encoder = _cached_encoder(tokenizer_path, eos_token, chunk_chars)
+    encoder = _cached_encoder(tokenizer_path, eos_token, chunk_chars, pad_token)
     context = TaskContext.get()
     assert context is not None  # a mapInArrow body runs inside a Spark task
     stem = f"shard-{context.partitionId():05d}"
@@ -389,6 +394,7 @@ def encode_documents(
     folder: Path,
     estimated_tokens: float,
     eos_token: str,
+    pad_token: str | None,
 ) -> tuple[list[dict], int]:
     """(result rows, tasks): every document with text encoded into ``folder/<split>/`` shards by one Spark job
     of at least ``tokenize.num_shards`` tasks, each writing about ``max_tokens_per_shard`` tokens or fewer."""
@@ -402,6 +408,7 @@ def encode_documents(
         tokenizer_path=str(folder / TOKENIZER_FILE),
         output=str(folder),
         eos_token=eos_token,
+        pad_token=pad_token,
         chunk_chars=settings.chunk_chars,
         max_tokens_per_shard=settings.max_tokens_per_shard,
         threads=threads,
@@ -469,7 +476,13 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         estimate_sample = sample_texts(docs, ESTIMATE_DOCUMENTS, ESTIMATE_DOCUMENT_CHARS)
         chars_per_token = estimate_chars_per_token(load_tokenizer(out.path), estimate_sample)
         results, partitions = encode_documents(
-            spark, docs, config, out.path, counts.characters / chars_per_token, facts["eos_token"]
+            spark,
+            docs,
+            config,
+            out.path,
+            counts.characters / chars_per_token,
+            facts["eos_token"],
+            facts.get("pad_token"),
         )
         lap("encode")
         write_excluded(docs, out.path)

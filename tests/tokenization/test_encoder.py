@@ -1,4 +1,5 @@
 import itertools
+import json
 import unicodedata
 
 import numpy as np
@@ -6,6 +7,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 
 from pipeline.tokenization.bpe import train_tokenizer
 from pipeline.tokenization.config import TokenizerConfig
@@ -78,6 +80,42 @@ def test_special_token_text_stays_plain_text(encoder):
     tokens, lengths = encoder.encode([text, "next"])
     assert decode_documents(encoder, tokens, lengths) == [text, "next"]
     assert list(tokens).count(encoder.eos_id) == 2
+
+
+def brought_tokenizer(tokenizer: Tokenizer, *unmarked: str) -> Tokenizer:
+    """``tokenizer`` as a brought tokenizer.json may have it: ``unmarked`` added as plain (not special)
+    tokens, which tokenizers matches in the input even with encode_special_tokens."""
+    described = json.loads(tokenizer.to_str())
+    for token in described["added_tokens"]:
+        if token["content"] in unmarked:
+            token["special"] = False
+    return Tokenizer.from_str(json.dumps(described))
+
+
+def test_text_spelling_any_special_token_never_yields_its_id(encoder):
+    """A brought tokenizer whose end-of-text and padding tokens are plain added tokens: a document spelling
+    them (and the other special tokens) got the end-of-text id mid-document. Their text is now plain text;
+    every other text encodes to the same ids as before."""
+    specials = {
+        token.content: token_id for token_id, token in encoder.tokenizer.get_added_tokens_decoder().items()
+    }
+    tokenizer = brought_tokenizer(Tokenizer.from_str(encoder.tokenizer.to_str()), EOS, "<|pad|>")
+    brought = DocumentEncoder.for_tokenizer(tokenizer, EOS, 1000, pad_token="<|pad|>")
+    assert brought.eos_id == encoder.eos_id
+    spelled = f"{EOS}a page quoting {EOS} and " + " ".join(specials) + f" literally{EOS}"
+    texts = [spelled, *TEXTS, f"{EOS}<|pad|>"]
+    tokens, lengths = brought.encode(texts)
+    assert decode_documents(brought, tokens, lengths) == texts  # the end-of-text id only at each end
+    inside = np.concatenate([document[:-1] for document in np.split(tokens, np.cumsum(lengths)[:-1])])
+    assert not set(inside.tolist()) & set(specials.values())
+    # Text that spells no special token: the ids it had before, and those of the tokenizer as brought.
+    ordinary, _ = brought.encode(TEXTS)
+    expected = [[*encoding.ids, encoder.eos_id] for encoding in encoder.tokenizer.encode_batch_fast(TEXTS)]
+    assert ordinary.tolist() == [token for document in expected for token in document]
+    plain = brought_tokenizer(Tokenizer.from_str(encoder.tokenizer.to_str()), EOS, "<|pad|>")
+    assert [e.ids for e in plain.encode_batch_fast(TEXTS, add_special_tokens=False)] == [
+        d[:-1] for d in expected
+    ]
 
 
 def test_lone_surrogates_are_replaced_and_counted(encoder):
