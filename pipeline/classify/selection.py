@@ -4,8 +4,9 @@ Threshold mode keeps exactly the documents scoring at or above the threshold (``
 per language where ``language_thresholds`` names one. Top-fraction mode keeps ``k = round(fraction * n)`` of
 the ``n`` documents the model scored, best first, ties broken by id, so the share kept is within half a
 document of the one asked for. The cut is found without sorting the corpus: Spark's approximate quantile
-brackets it, the few documents inside the bracket are brought to the driver and sorted there; the cut (the
-last kept document's score and id) is recorded in the manifest. Unscored documents (languages the model does
+brackets it, the distinct scores inside the bracket come to the driver with their counts, and the last kept
+document's id is found among those tied on the cut's score (in the driver for a small block, in Spark for a
+large one); the cut (that score and id) is recorded in the manifest. Unscored documents (languages the model does
 not cover) always pass.
 """
 
@@ -103,9 +104,33 @@ def top_fraction_cut(scored: DataFrame, column: str, fraction: float, keep: str,
         inside = ranked.where((F.col("key") >= low) & (F.col("key") <= high))
         needed = k - above
         if needed >= 1:
-            rows = sorted((-row["key"], row["id"]) for row in inside.collect())
-            if needed <= len(rows):
-                key, tie_id = rows[needed - 1]
-                return base(threshold=-key * sign, tie_id=tie_id)
+            # One row per distinct score: a block of documents tied on one score (identical texts) comes to
+            # the driver as a count, however large it is.
+            counts = inside.groupBy("key").count().orderBy(F.desc("key")).collect()
+            for row in counts:
+                if needed <= row["count"]:
+                    key = row["key"]
+                    return base(threshold=key * sign, tie_id=nth_smallest_id(inside, key, needed))
+                needed -= row["count"]
         # The approximate quantile missed its guarantee (it cannot for a correct Spark): widen and retry.
         width *= 4
+
+
+MAX_TIE_IDS_COLLECTED = 100_000
+
+
+def nth_smallest_id(ranked: DataFrame, key: float, n: int) -> str:
+    """The n-th smallest id (1-based) among the documents whose key is ``key``: their ids sorted in the driver
+    when there are at most ``MAX_TIE_IDS_COLLECTED`` of them, else ranked in Spark (a sort that spills to
+    disk), so the driver never holds a tie block."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ties = ranked.where(F.col("key") == key).select("id")
+    few = ties.limit(MAX_TIE_IDS_COLLECTED + 1).collect()
+    if len(few) <= MAX_TIE_IDS_COLLECTED:
+        return sorted(row["id"] for row in few)[n - 1]
+    numbered = ties.select("id", F.row_number().over(Window.orderBy("id")).alias("rank"))
+    found = numbered.where(F.col("rank") == n).first()
+    assert found is not None  # n is at most the block's size
+    return found["id"]

@@ -290,13 +290,29 @@ def test_no_model_passes_the_documents_through_unchanged(world):
     assert pq.read_table(DatasetRef.of(config, "classify", "plain").path / "excluded").num_rows == 0
 
 
-@pytest.mark.parametrize("keep", ["high", "low"])
-def test_the_top_fraction_cut_is_exact_with_ties_and_any_fraction(world, keep):
-    """Scores from a few values (many ties): the cut keeps round(fraction * n), best first, ties by id."""
+@pytest.mark.parametrize(("keep", "tie_ids_collected"), [("high", None), ("low", None), ("high", 3)])
+def test_the_top_fraction_cut_is_exact_with_ties_and_any_fraction(
+    world, keep, tie_ids_collected, monkeypatch
+):
+    """Scores from a few values (many ties): the cut keeps round(fraction * n), best first, ties by id. The
+    driver receives one row per distinct score, and a tie block's ids only up to MAX_TIE_IDS_COLLECTED (set
+    to 3: the rest is ranked in Spark): a block of identical texts never comes to the driver whole."""
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
+    from pipeline.classify import selection
     from pipeline.classify.selection import keep_condition, top_fraction_cut
     from pipeline.core.spark import spark_session
+
+    if tie_ids_collected is not None:
+        monkeypatch.setattr(selection, "MAX_TIE_IDS_COLLECTED", tie_ids_collected)
+    collected: list[int] = []
+    collect = DataFrame.collect
+
+    def counting_collect(self):
+        rows = collect(self)
+        collected.append(len(rows))
+        return rows
 
     spark = spark_session(world["config"], "test-classify")
     rng = random.Random(17)
@@ -308,7 +324,11 @@ def test_the_top_fraction_cut_is_exact_with_ties_and_any_fraction(world, keep):
         ]
         frame = spark.createDataFrame(rows, "id string, score_m double")
         fraction = rng.choice([0.01, 0.1, 0.333, 0.5, 0.9, 0.999])
-        cut = top_fraction_cut(frame, "score_m", fraction, keep, error=0.01)
+        collected.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(DataFrame, "collect", counting_collect)
+            cut = top_fraction_cut(frame, "score_m", fraction, keep, error=0.01)
+        assert max(collected, default=0) <= max(6, selection.MAX_TIE_IDS_COLLECTED + 1)
         kept = {
             r["id"]
             for r in frame.where(F.expr(keep_condition("score_m", cut)))
