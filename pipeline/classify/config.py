@@ -165,6 +165,11 @@ class ScoringModel(Section):
     trained: str | None = Field(
         None, description="or a model `pretrain train_classifier --snapshot NAME` made in this corpus: NAME"
     )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="the model file's SHA-256 (as sha256sum prints it): a file with another digest is refused",
+    )
     label: str = Field(
         "__label__hq", description="fastText: the label whose probability is the score (DCLM's: __label__hq)"
     )

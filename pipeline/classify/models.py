@@ -9,19 +9,22 @@ Two kinds, each a file:
   (``pipeline.embeddings``); the score is ``sigmoid(embedding . coef + intercept)``.
 
 A model is named by ``path`` (a file or a trained model's folder) or by ``trained`` (the snapshot name of a
-`train_classifier` output in this corpus). Either way the stage records the file's SHA-256 in its manifest.
-The labels of a fastText file are read from its header (``fasttext_labels``), so a wrong ``label`` fails in
-the driver, before Spark starts, without loading a model that may be gigabytes.
+`train_classifier` output in this corpus). Either way the stage records the file's SHA-256 in its manifest,
+and refuses the file when it differs from the config's ``sha256`` (or a trained model's recorded one).
+A fastText file is checked whole in the driver (``check_fasttext_file``: every size its header implies, the
+dictionary, the file's length), so a damaged or cut-short file and a wrong ``label`` fail before Spark
+starts, without loading a model that may be gigabytes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -38,41 +41,204 @@ if TYPE_CHECKING:
 TRAIN_STAGE = "train_classifier"
 FASTTEXT_FILE = "model.bin"
 EMBEDDING_FILE = "model.json"
-# fastText's binary format: magic number and the version this reader knows (0.9.x writes 12).
+# fastText's binary format (src/fasttext.cc saveModel): magic and version, Args, the Dictionary, a quantized
+# flag byte and the input matrix, a qout flag byte and the output matrix, nothing after. 0.9.x writes 12.
 _FASTTEXT_MAGIC = 793712314
 _FASTTEXT_VERSIONS = (11, 12)
+_SUPERVISED = 3  # Args.model: cbow 1, skipgram 2, supervised 3
+_LOSSES = (1, 2, 3, 4)  # hs, ns, softmax, ova
+_KSUB = 256  # centroids per product quantizer (src/productquantizer.h)
+_MAX_ENTRY = 1 << 20  # a dictionary entry longer than this is a damaged file, not a word
+_CHUNK = 1 << 20
 
 
-def fasttext_labels(path: str | Path) -> list[str]:
-    """The labels of a fastText supervised ``.bin``, read from its dictionary (the header before the
-    matrices): what ``model.labels`` says, without loading the model."""
+@dataclass(frozen=True)
+class FastTextFile:
+    """A fastText supervised model file, checked whole: its labels and the shapes its bytes hold."""
+
+    labels: tuple[str, ...]
+    dim: int
+    words: int
+    bucket: int
+    quantized: bool
+    input_rows: int
+    output_rows: int
+    size: int
+
+
+class _ModelBytes:
+    """Reads a model file front to back, buffered; any shortfall is a ConfigError naming the file and the part."""
+
+    def __init__(self, handle: BinaryIO, path: str | Path):
+        self.handle = handle
+        self.path = path
+        self.size = os.fstat(handle.fileno()).st_size
+        self.buffer = b""
+        self.pos = 0  # in buffer
+        self.base = 0  # the file offset of buffer[0]
+
+    @property
+    def offset(self) -> int:
+        return self.base + self.pos
+
+    def damaged(self, problem: str) -> ConfigError:
+        return ConfigError(f"{self.path} is not a whole fastText model: {problem}")
+
+    def _fill(self, wanted: int) -> bool:
+        """At least ``wanted`` bytes buffered from the current offset, if the file has them."""
+        if len(self.buffer) - self.pos >= wanted:
+            return True
+        self.buffer, self.base, self.pos = self.buffer[self.pos :], self.offset, 0
+        self.handle.seek(self.base + len(self.buffer))
+        self.buffer += self.handle.read(max(wanted - len(self.buffer), _CHUNK))
+        return len(self.buffer) >= wanted
+
+    def need(self, length: int, what: str) -> None:
+        if length < 0 or self.offset + length > self.size:
+            raise self.damaged(
+                f"{what} needs {length} bytes from byte {self.offset}, the file ends at byte {self.size}"
+                " (cut short: a download that stopped early?)"
+                if length >= 0
+                else f"{what} has a negative size ({length})"
+            )
+
+    def unpack(self, layout: str, what: str) -> tuple[Any, ...]:
+        length = struct.calcsize(layout)
+        self.need(length, what)
+        self._fill(length)
+        values = struct.unpack_from(layout, self.buffer, self.pos)
+        self.pos += length
+        return values
+
+    def flag(self, what: str) -> bool:
+        (value,) = self.unpack("<B", what)
+        if value not in (0, 1):
+            raise self.damaged(f"{what} at byte {self.offset - 1} is {value}, not 0 or 1")
+        return bool(value)
+
+    def skip(self, length: int, what: str) -> None:
+        """Step over bytes the check cannot judge (matrix values), after making sure the file holds them."""
+        self.need(length, what)
+        self.buffer, self.base, self.pos = b"", self.offset + length, 0
+
+    def word(self) -> bytes:
+        """A dictionary entry's bytes, up to its NUL."""
+        start = self.pos
+        end = self.buffer.find(b"\0", start)
+        while end < 0:
+            if len(self.buffer) - self.pos > _MAX_ENTRY:
+                raise self.damaged(f"the dictionary entry at byte {self.offset} runs past {_MAX_ENTRY} bytes")
+            searched = len(self.buffer) - self.pos
+            if not self._fill(searched + 1):
+                raise self.damaged(
+                    f"the dictionary entry at byte {self.offset} has no end: the file ends at byte {self.size}"
+                    " (cut short: a download that stopped early?)"
+                )
+            end = self.buffer.find(b"\0", self.pos + searched)
+        word = self.buffer[self.pos : end]
+        self.pos = end + 1
+        return word
+
+
+def _dense_matrix(data: _ModelBytes, what: str, rows: int, cols: int) -> None:
+    found_rows, found_cols = data.unpack("<qq", f"the {what} matrix's shape")
+    if (found_rows, found_cols) != (rows, cols):
+        raise data.damaged(
+            f"the {what} matrix is {found_rows} x {found_cols}, the header and dictionary say {rows} x {cols}"
+        )
+    data.skip(rows * cols * 4, f"the {what} matrix ({rows} x {cols} float32)")
+
+
+def _product_quantizer(data: _ModelBytes, what: str, dim: int, dsub: int | None = None) -> int:
+    """Checks a ProductQuantizer's header against the matrix it codes and steps over its centroids; its
+    number of sub-quantizers (code bytes per row)."""
+    found_dim, nsubq, found_dsub, lastdsub = data.unpack("<iiii", f"the {what} quantizer's header")
+    dsub = found_dsub if dsub is None else dsub
+    if found_dim != dim or found_dsub != dsub or dsub < 1:
+        raise data.damaged(
+            f"the {what} quantizer codes dim {found_dim} in pieces of {found_dsub}, expected {dim}"
+        )
+    if (nsubq, lastdsub) != (-(-dim // dsub), dim % dsub or dsub):
+        raise data.damaged(f"the {what} quantizer's pieces ({nsubq}, last {lastdsub}) do not cover dim {dim}")
+    data.skip(dim * _KSUB * 4, f"the {what} quantizer's centroids")
+    return nsubq
+
+
+def _quantized_matrix(data: _ModelBytes, what: str, rows: int, cols: int) -> None:
+    """A QuantMatrix (src/quantmatrix.cc): qnorm flag, rows, cols, code size, codes, the quantizer, and with
+    qnorm the norms' codes and their one-dimensional quantizer."""
+    qnorm = data.flag(f"the {what} matrix's qnorm flag")
+    found_rows, found_cols, codesize = data.unpack("<qqi", f"the {what} matrix's shape")
+    if (found_rows, found_cols) != (rows, cols):
+        raise data.damaged(
+            f"the {what} matrix is {found_rows} x {found_cols}, the header and dictionary say {rows} x {cols}"
+        )
+    data.skip(codesize, f"the {what} matrix's codes")
+    nsubq = _product_quantizer(data, what, cols)
+    if codesize != rows * nsubq:
+        raise data.damaged(f"the {what} matrix holds {codesize} codes, {rows} rows need {rows * nsubq}")
+    if qnorm:
+        data.skip(rows, f"the {what} matrix's norm codes")
+        _product_quantizer(data, f"{what} norm", 1, 1)
+
+
+def check_fasttext_file(path: str | Path) -> FastTextFile:
+    """Check a fastText supervised ``.bin`` (or quantized ``.ftz``) whole, without loading it: every size
+    field against the others and against the file's length, the dictionary read to its end, the output
+    matrix one row per label, the file ending exactly where the format does. A damaged file (cut short,
+    a field overwritten, bytes appended) is a ConfigError naming the file and what is wrong. Matrix values
+    are not judged (any float is a weight): only a digest (``sha256:``) catches a change there."""
     with open(path, "rb") as handle:
-        magic, version = struct.unpack("<ii", handle.read(8))
+        data = _ModelBytes(handle, path)
+        if data.size < 8:
+            raise ConfigError(f"{path} is not a fastText model file ({data.size} bytes)")
+        magic, version = data.unpack("<ii", "the signature")
         if magic != _FASTTEXT_MAGIC or version not in _FASTTEXT_VERSIONS:
-            raise ValueError(f"{path} is not a fastText model file (magic {magic}, version {version})")
-        handle.read(12 * 4 + 8)  # Args: 12 int32 (dim ... lrUpdateRate) and the sampling threshold t
-        size, _words, n_labels = struct.unpack("<iii", handle.read(12))
-        handle.read(16)  # ntokens, pruneidx_size
+            raise ConfigError(f"{path} is not a fastText model file (magic {magic}, version {version})")
+        # Args: dim ws epoch minCount neg wordNgrams loss model bucket minn maxn lrUpdateRate, then t
+        args = data.unpack("<12id", "the arguments")
+        dim, loss, model, bucket = args[0], args[6], args[7], args[8]
+        if model != _SUPERVISED:
+            raise data.damaged(
+                f"the model kind is {model}, not supervised ({_SUPERVISED}): no labels to score"
+            )
+        if dim < 1 or bucket < 0 or loss not in _LOSSES:
+            raise data.damaged(f"the arguments say dim {dim}, bucket {bucket}, loss {loss}")
+        size, words, n_labels, _tokens, pruned = data.unpack("<iiiqq", "the dictionary's header")
+        if min(words, n_labels) < 0 or size != words + n_labels or n_labels == 0 or pruned < -1:
+            raise data.damaged(
+                f"the dictionary's header says {size} entries, {words} words, {n_labels} labels, "
+                f"pruned index {pruned}"
+            )
         labels = []
-        buffer = handle.read(1 << 20)
-        offset = 0
+        kinds = [0, 0]
         for _ in range(size):
-            end = buffer.find(b"\0", offset)
-            while end < 0 or end + 10 > len(buffer):  # an entry: bytes, NUL, int64 count, int8 type
-                more = handle.read(1 << 20)
-                if not more:
-                    raise ValueError(f"{path}: the fastText dictionary is truncated")
-                buffer = buffer[offset:] + more
-                offset = 0
-                end = buffer.find(b"\0", offset)
-            word = buffer[offset:end]
-            kind = buffer[end + 9]
+            word = data.word()
+            _count, kind = data.unpack("<qb", "a dictionary entry")
+            if kind not in (0, 1):
+                raise data.damaged(f"the dictionary entry ending at byte {data.offset} has type {kind}")
+            kinds[kind] += 1
             if kind == 1:
                 labels.append(word.decode("utf-8", errors="replace"))
-            offset = end + 10
-        if len(labels) != n_labels:
-            raise ValueError(f"{path}: found {len(labels)} labels, the header says {n_labels}")
-        return labels
+        if kinds != [words, n_labels]:
+            raise data.damaged(
+                f"the dictionary holds {kinds[0]} words and {kinds[1]} labels, its header says {words} and {n_labels}"
+            )
+        if pruned >= 0:
+            data.skip(pruned * 8, "the dictionary's pruned index")
+        quantized = data.flag("the quantized flag")
+        if pruned >= 0 and not quantized:
+            raise data.damaged("the dictionary is pruned but the input matrix is not quantized")
+        input_rows = words + (pruned if pruned >= 0 else bucket)
+        (_quantized_matrix if quantized else _dense_matrix)(data, "input", input_rows, dim)
+        quantized_output = data.flag("the qout flag") and quantized
+        (_quantized_matrix if quantized_output else _dense_matrix)(data, "output", n_labels, dim)
+        if data.offset != data.size:
+            raise data.damaged(
+                f"{data.size - data.offset} bytes follow the output matrix, where the format ends "
+                f"(byte {data.offset})"
+            )
+    return FastTextFile(tuple(labels), dim, words, bucket, quantized, input_rows, n_labels, data.size)
 
 
 @dataclass(frozen=True)
@@ -117,7 +283,7 @@ def _model_file(path: Path) -> tuple[str, Path]:
 
 
 def resolve(spec: ScoringModel, config: PipelineConfig) -> ResolvedModel:
-    """Find ``spec``'s file, check it (label, format) and digest it; ConfigError naming the model if wrong."""
+    """Find ``spec``'s file, check it (whole file, label, digest); ConfigError naming the model if wrong."""
     where = f"classify.models[{spec.name}]"
     trained: dict[str, Any] = {}
     try:
@@ -132,7 +298,7 @@ def resolve(spec: ScoringModel, config: PipelineConfig) -> ResolvedModel:
             source = str(spec.path)
         path = path.resolve()
         if kind == "fasttext":
-            labels = tuple(fasttext_labels(path))
+            labels = check_fasttext_file(path).labels
             if spec.label not in labels:
                 raise ConfigError(
                     f"{where}.label: {spec.label!r} is not a label of {path}; its labels: {list(labels)}"
@@ -147,15 +313,20 @@ def resolve(spec: ScoringModel, config: PipelineConfig) -> ResolvedModel:
                 raise ConfigError(f"{where}: {path} is not an embedding classifier (model.json)")
             labels, label, preprocess = (), None, "none"
             details = {"encoder": saved["encoder"]["model"]}
+        digest = sha256_file(path)
     except (OSError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, ConfigError) and str(exc).startswith(where):
             raise
         raise ConfigError(f"{where}: {exc}") from None
+    # The config's digest, else the one train_classifier recorded: a file changed since is refused.
+    expected, named_by = (spec.sha256, f"{where}.sha256") if spec.sha256 else (trained.get("sha256"), where)
+    if expected is not None and digest != expected.lower():
+        raise ConfigError(f"{named_by}: {path} has sha256 {digest}, expected {expected.lower()}")
     return ResolvedModel(
         name=spec.name,
         kind=kind,
         path=str(path),
-        sha256=sha256_file(path),
+        sha256=digest,
         source=source,
         preprocess=preprocess,
         label=label,

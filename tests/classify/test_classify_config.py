@@ -8,7 +8,7 @@ import random
 import fasttext
 import pytest
 
-from pipeline.classify.models import fasttext_labels, fasttext_scores, resolve
+from pipeline.classify.models import check_fasttext_file, fasttext_scores, resolve
 from pipeline.classify.preprocess import dclm, fasttext_tutorial, lowercase
 from pipeline.config import load_config
 from pipeline.core.config import ConfigError
@@ -69,10 +69,10 @@ def small_model(tmp_path_factory):
 
 def test_labels_are_read_from_the_file_header(small_model, tmp_path):
     path, model = small_model
-    assert sorted(fasttext_labels(path)) == sorted(model.labels)
+    assert sorted(check_fasttext_file(path).labels) == sorted(model.labels)
     (tmp_path / "not-a-model.bin").write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match="is not a fastText model file"):
-        fasttext_labels(tmp_path / "not-a-model.bin")
+    with pytest.raises(ConfigError, match="is not a fastText model file"):
+        check_fasttext_file(tmp_path / "not-a-model.bin")
 
 
 def test_a_model_is_resolved_checked_and_digested_before_spark(small_model, tmp_path):
