@@ -36,6 +36,16 @@ def config(*overrides, root=None):
         ("classifier.fasttext.threads=2", "classifier.fasttext.threads"),
         ("classifier.labelled=[{path: x.jsonl}]", r"labelled\[0\] needs score_field"),
         ("classifier.positives=[{stage: dedup}]", "needs a snapshot"),
+        ("classifier.min_examples_per_class=0", "classifier.min_examples_per_class"),
+        ("classifier.min_heldout_per_class=0", "classifier.min_heldout_per_class"),
+        (
+            "classifier.min_examples_per_class=200000",
+            r"min_examples_per_class \(200000\) is above max_examples_per_class \(100000\)",
+        ),
+        (
+            "classifier.min_heldout_per_class=101",
+            r"min_heldout_per_class \(101\) is above min_examples_per_class",
+        ),
         ("decontaminate.min_ngram_size=20", "min_ngram_size must not exceed ngram_size"),
         ("decontaminate.sets=[{name: x, kind: lm_eval}]", "needs tasks"),
     ],

@@ -7,6 +7,8 @@ Steps:
                  (typically a sample of a corpus snapshot), or ``labelled`` documents whose score at or above
                  ``positive_min_score`` makes them positive (FineWeb-Edu style); read in Spark, each class
                  sampled down by a seeded hash (``max_examples_per_class``, balanced), a seeded share held out;
+                 an unusable line is skipped and counted by reason, a source with none usable, fewer than
+                 ``min_examples_per_class`` or ``min_heldout_per_class`` is an error before any training;
 2. ``train``     fasttext: fastText supervised on ``__label__hq`` (positive) / ``__label__cc`` lines, DCLM's
                  label space and preprocessing (``pipeline.classify.preprocess``), lines in a seeded order;
                  embedding: the sentence embeddings the quality stage uses (embedded in the Spark workers),
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +35,14 @@ from pipeline.classify.config import ClassifierTrainingConfig, TextSource
 from pipeline.classify.metrics import binary_metrics, plot_calibration, plot_score_histogram
 from pipeline.classify.models import EMBEDDING_FILE, FASTTEXT_FILE, EmbeddingClassifier, fasttext_scores
 from pipeline.classify.preprocess import preprocessor
-from pipeline.classify.sources import read_text_source, stage_documents
+from pipeline.classify.sources import (
+    first_unusable_line,
+    local_file,
+    read_text_source,
+    source_files,
+    stage_documents,
+    usable,
+)
 from pipeline.config import PipelineConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest, sha256_file
@@ -56,22 +66,89 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return result
 
 
-def labelled_examples(
+def _summary(skipped: Counter[str]) -> str:
+    return (
+        f"{skipped.total()} unusable ("
+        + ", ".join(f"{n} {reason}" for reason, n in skipped.most_common())
+        + ")"
+    )
+
+
+def _tally(judged: DataFrame, source: TextSource) -> dict[str, dict[str, Any]]:
+    """Per file (a stage's output counts as one): the documents kept and those skipped, by reason."""
+    files: dict[str, dict[str, Any]] = {}
+    for row in judged.groupBy("file", "reason").count().collect():
+        name = local_file(row["file"]) if source.path is not None else source.describe()
+        tally = files.setdefault(name, {"kept": 0, "skipped": {}})
+        if row["reason"] is None:
+            tally["kept"] += row["count"]
+        else:
+            tally["skipped"][row["reason"]] = tally["skipped"].get(row["reason"], 0) + row["count"]
+    return dict(sorted(files.items()))
+
+
+def _first_unusable(source: TextSource, files: dict[str, dict[str, Any]], score: bool) -> str:
+    """Where the first unusable document is: ``file:line: reason`` in a JSONL file, else the file and a reason."""
+    file, tally = next((file, tally) for file, tally in files.items() if tally["skipped"])
+    jsonl = source.path is not None and (
+        source.format == "jsonl" or (source.format == "auto" and source_files(source.path)[0] == "jsonl")
+    )
+    found = (
+        first_unusable_line(file, source.text_field, source.score_field if score else None) if jsonl else None
+    )
+    return f"{file}:{found[0]}: {found[1]}" if found else f"{file}: {min(tally['skipped'])}"
+
+
+def read_examples(
     spark: SparkSession, training: ClassifierTrainingConfig, config: PipelineConfig
-) -> DataFrame:
-    """(text, label) rows before sampling: label 1 for positives (or scores at or above the bar), else 0."""
+) -> tuple[DataFrame, dict[str, dict[str, Any]]]:
+    """(text, label) rows before sampling: label 1 for positives (or scores at or above the bar), else 0;
+    and per source and file, the documents kept and those skipped by reason. An unusable line (row, .txt
+    file) is skipped and counted; a source with no usable one is an error naming it, its first bad line and
+    why."""
     from pyspark.sql import functions as F
 
-    if training.labelled:
-        scored = _union([read_text_source(spark, s, config, score=True) for s in training.labelled])
-        return scored.where(F.col("score").isNotNull()).select(
-            "text", (F.col("score") >= training.positive_min_score).cast("int").alias("label")
-        )
-    positives = _union([read_text_source(spark, s, config) for s in training.positives])
-    negatives = _union([read_text_source(spark, s, config) for s in training.negatives])
-    return positives.select("text", F.lit(1).alias("label")).unionByName(
-        negatives.select("text", F.lit(0).alias("label"))
+    roles = (
+        [("labelled", training.labelled)]
+        if training.labelled
+        else [("positives", training.positives), ("negatives", training.negatives)]
     )
+    frames: list[DataFrame] = []
+    report: dict[str, dict[str, Any]] = {}
+    for role, sources in roles:
+        score = role == "labelled"
+        for index, source in enumerate(sources):
+            key = f"classifier.{role}[{index}]"
+            judged = read_text_source(spark, source, config, score=score)
+            files = report[key] = _tally(judged, source)
+            kept = sum(tally["kept"] for tally in files.values())
+            skipped: Counter[str] = Counter()
+            for tally in files.values():
+                skipped.update(tally["skipped"])
+            if not kept:
+                why = (
+                    f"{_summary(skipped)}; the first: {_first_unusable(source, files, score)}"
+                    if skipped
+                    else "it holds none"
+                )
+                raise StageFailure(f"{key} ({source.describe()}): no usable document: {why}")
+            if skipped:
+                log.warning(
+                    "%s (%s): %s skipped, %d kept; the first: %s",
+                    key,
+                    source.describe(),
+                    _summary(skipped),
+                    kept,
+                    _first_unusable(source, files, score),
+                )
+            rows = usable(judged, source, config)
+            label = (
+                (F.col("score") >= training.positive_min_score).cast("int")
+                if score
+                else F.lit(1 if role == "positives" else 0)
+            )
+            frames.append(rows.select("text", label.alias("label")))
+    return _union(frames), report
 
 
 def sample_examples(
@@ -96,6 +173,12 @@ def sample_examples(
             f"classifier: the examples hold only label(s) {sorted(available)} ({available}); both positives and "
             "negatives are needed (check the sources, or positive_min_score for labelled examples)"
         )
+    for label, name in ((1, "positive"), (0, "negative")):
+        if available[label] < training.min_examples_per_class:
+            raise StageFailure(
+                f"classifier: {available[label]} usable {name} examples (distinct texts), fewer than "
+                f"classifier.min_examples_per_class ({training.min_examples_per_class}); give more, or lower it"
+            )
     quota = min(
         training.max_examples_per_class,
         *(available.values() if training.balance else [training.max_examples_per_class]),
@@ -119,6 +202,15 @@ def sample_examples(
         (int(row["label"]), bool(row["heldout"])): int(row["count"])
         for row in chosen.groupBy("label", "heldout").count().collect()
     }
+    for label, name in ((1, "positive"), (0, "negative")):
+        heldout = counts.get((label, True), 0)
+        if heldout < training.min_heldout_per_class:
+            chosen.unpersist()
+            raise StageFailure(
+                f"classifier: {heldout} held-out {name} examples, fewer than classifier.min_heldout_per_class "
+                f"({training.min_heldout_per_class}) for figures that mean something; raise "
+                f"classifier.heldout_fraction ({training.heldout_fraction}) or give more examples"
+            )
     return chosen, {
         "available": {"positive": available.get(1, 0), "negative": available.get(0, 0)},
         "conflicting_texts": int(conflicting),
@@ -237,9 +329,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     sources = [*inputs, *source_refs(training, config)]
     with StageOutput(output, config, sources) as out:
         spark = spark_session(config, f"train-classifier-{output.corpus}-{output.snapshot}")
-        chosen, counts = sample_examples(
-            labelled_examples(spark, training, config), training, config.project.seed
-        )
+        examples, read_report = read_examples(spark, training, config)
+        chosen, counts = sample_examples(examples, training, config.project.seed)
+        counts["sources"] = read_report
         try:
             log.info(
                 "train_classifier: %s examples per class (%s), held out %s",
