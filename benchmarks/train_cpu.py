@@ -60,6 +60,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
@@ -68,6 +69,9 @@ from pipeline.core.config import ENV_PREFIX  # noqa: E402
 from pipeline.core.proc import run_streaming  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.model.gpt import GPT  # noqa: E402
+from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer  # noqa: E402
+from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
+from pipeline.tokenization.encoder import vocabulary_size  # noqa: E402
 from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 from pipeline.train.components.amp import MixedPrecision  # noqa: E402
 from pipeline.train.components.optimizer import parameter_groups  # noqa: E402
@@ -80,23 +84,44 @@ REPO_ROOT = os.path.dirname(_HERE)
 VOCAB = 2048
 
 
+def bench_tokenizer() -> tuple[Tokenizer, TokenizerConfig]:
+    """A real byte-level BPE of VOCAB ids, trained on the project's own docs: training resolves its data through
+    the tokenizer a token output names (its digest), as for any tokenize output."""
+    settings = TokenizerConfig(vocab_size=VOCAB, min_frequency=1)
+    texts = [path.read_text(encoding="utf-8") for path in sorted(Path(REPO_ROOT, "docs").glob("*.md"))]
+    return train_tokenizer(texts, settings), settings
+
+
 def write_shards(config: PipelineConfig, tokens: int, seed: int = 0, snapshot: str = SNAPSHOT) -> DatasetRef:
     """A tokenize output of Zipf-distributed token ids in documents of 50-2000 tokens (content does not change
-    the arithmetic; the shard and manifest format are the real ones)."""
+    the arithmetic; the shard, tokenizer and manifest formats are the real ones)."""
     rng = np.random.default_rng(seed)
+    tokenizer, settings = bench_tokenizer()
+    vocab = vocabulary_size(tokenizer)
+    eos_id = tokenizer.token_to_id(settings.eos_token)
     ref = DatasetRef.of(config, "tokenize", snapshot)
     with StageOutput(ref, config, []) as out:
+        save_tokenizer(tokenizer, out.path, settings)
         for split, count in (("train", tokens), ("validation", tokens // 20)):
             (out.path / split).mkdir()
             with ShardWriter(out.path / split / "shard-00000-0000", np.dtype(np.uint16)) as writer:
                 written = 0
                 while written < count:
                     length = int(rng.integers(50, 2000))
-                    document = np.minimum(rng.zipf(1.2, length), VOCAB - 1).astype(np.int64)
-                    document[-1] = 0  # end of text
+                    document = np.minimum(rng.zipf(1.2, length), vocab - 1).astype(np.int64)
+                    document[-1] = eos_id
                     writer.add_document(document.tolist())
                     written += length
-        out.commit(extra={"vocab_size": VOCAB, "eos_id": 0, "pad_id": 1})
+        out.commit(
+            extra={
+                "vocab_size": vocab,
+                "dtype": "uint16",
+                "eos_token": settings.eos_token,
+                "eos_id": eos_id,
+                "pad_token": settings.pad_token,
+                "pad_id": tokenizer.token_to_id(settings.pad_token),
+            }
+        )
     return ref
 
 
@@ -254,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small runs, within 3 minutes on 2 cores")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the same code path on the smallest input, in seconds (a test runs it; its figures mean nothing)",
+    )
+    parser.add_argument(
         "--preset", default=None, help="model preset (default: tiny, or tiny-moe... see docs)"
     )
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
@@ -274,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     preset = args.preset or "tiny"
-    steps = args.steps or (100 if args.quick else 300)
-    batch, seq = (8, 256) if args.quick else (16, 256)
-    log_every = 10
+    steps = args.steps or (4 if args.smoke else 100 if args.quick else 300)
+    batch, seq = (2, 32) if args.smoke else (8, 256) if args.quick else (16, 256)
+    log_every = 2 if args.smoke else 10
     torch.set_num_threads(args.threads)
     host_memory_kept = not args.default_malloc and keep_freed_host_memory()
     threads = torch.get_num_threads()
@@ -293,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"train.precision={args.precision}",
                 f"train.log_every={log_every}",
                 f"train.checkpoint_every={steps + log_every}",
-                "train.eval_sequences=16",
+                f"train.eval_sequences={2 if args.smoke else 16}",
                 "train.histogram_every=0",
                 f"train.document_masking={str(args.document_masking).lower()}",
                 "tracking.stage_runs=false",
@@ -306,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             ],
             environ={},
         )
-        tokens_ref = write_shards(config, tokens=(steps + log_every) * batch * (seq + 1) + 200_000)
+        spare = 5_000 if args.smoke else 200_000
+        tokens_ref = write_shards(config, tokens=(steps + log_every) * batch * (seq + 1) + spare)
         from pipeline.train.trainer import build_model_config
 
-        model_config = build_model_config(config, VOCAB)
+        model_config = build_model_config(config, tokens_ref.manifest().extra["vocab_size"])
         stream = np.concatenate(
             [np.fromfile(p, dtype=np.uint16) for p in sorted((tokens_ref.path / "train").glob("*.bin"))]
         )
@@ -328,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         defaults = {}
         if not args.no_defaults:
             write_shards(
-                config, tokens=(steps + log_every) * batch * (seq + 1) + 200_000, snapshot=DEFAULTS_SNAPSHOT
+                config, tokens=(steps + log_every) * batch * (seq + 1) + spare, snapshot=DEFAULTS_SNAPSHOT
             )
             defaults = side_by_side_defaults(config, model_config, stream, steps, root, log_every)
             torch.set_num_threads(threads)
