@@ -245,10 +245,6 @@ class AblationSpec:
                     )
 
     @property
-    def base_variant(self) -> Variant:
-        return next(variant for variant in self.variants if variant.name == self.base)
-
-    @property
     def control_name(self) -> str:
         return f"{self.base}{CONTROL_SUFFIX}"
 

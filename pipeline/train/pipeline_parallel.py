@@ -455,10 +455,6 @@ class PipelineParallelism(Parallelism):
             for name, parameter in part.named_parameters():
                 yield full_name(name, first), parameter
 
-    def parameter_bytes(self) -> int:
-        """Bytes of this rank's parameters (a tied matrix once per copy it holds)."""
-        return sum(p.numel() * p.element_size() for _, p in self.named_parameters())
-
     def layout(self) -> dict[str, Any]:
         """What the log, the checkpoints and the manifest record about the pipeline."""
         return {
