@@ -147,10 +147,13 @@ def test_labelled_scores_that_are_strings_or_nan_are_skipped_and_counted(spark, 
         "classifier.heldout_fraction=0.3",
     )
     assert code == 0, err[-3000:]
-    examples = output.manifest().counters["examples"]
-    assert examples["sources"]["classifier.labelled[0]"] == {
-        str(labelled): {"kept": 120, "skipped": {"'score' is not a number": 1, "'score' is not finite": 1}}
+    manifest = output.manifest()
+    skipped = {"'score' is not a number": 1, "'score' is not finite": 1}
+    assert manifest.extra["sources"] == {
+        "classifier.labelled[0]": {str(labelled): {"kept": 120, "skipped": skipped}}
     }
+    examples = manifest.counters["examples"]
+    assert examples["read"] == {"kept": 120, "skipped": skipped}
     assert examples["available"] == {"positive": 60, "negative": 60}
 
 

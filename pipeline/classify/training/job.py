@@ -26,6 +26,7 @@ import json
 import logging
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,15 @@ def _tally(judged: DataFrame, source: TextSource) -> dict[str, dict[str, Any]]:
     return dict(sorted(files.items()))
 
 
+def _totals(tallies: Iterable[dict[str, Any]]) -> tuple[int, Counter[str]]:
+    """The documents kept, and those skipped by reason, of ``_tally``'s files."""
+    kept, skipped = 0, Counter[str]()
+    for tally in tallies:
+        kept += tally["kept"]
+        skipped.update(tally["skipped"])
+    return kept, skipped
+
+
 def _first_unusable(source: TextSource, files: dict[str, dict[str, Any]], score: bool) -> str:
     """Where the first unusable document is: ``file:line: reason`` in a JSONL file, else the file and a reason."""
     file, tally = next((file, tally) for file, tally in files.items() if tally["skipped"])
@@ -121,10 +131,7 @@ def read_examples(
             key = f"classifier.{role}[{index}]"
             judged = read_text_source(spark, source, config, score=score)
             files = report[key] = _tally(judged, source)
-            kept = sum(tally["kept"] for tally in files.values())
-            skipped: Counter[str] = Counter()
-            for tally in files.values():
-                skipped.update(tally["skipped"])
+            kept, skipped = _totals(files.values())
             if not kept:
                 why = (
                     f"{_summary(skipped)}; the first: {_first_unusable(source, files, score)}"
@@ -331,7 +338,9 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         spark = spark_session(config, f"train-classifier-{output.corpus}-{output.snapshot}")
         examples, read_report = read_examples(spark, training, config)
         chosen, counts = sample_examples(examples, training, config.project.seed)
-        counts["sources"] = read_report
+        # Totals go in the counters (MLflow metrics); per source and file, in extra (paths make no metric names).
+        kept, skipped = _totals(tally for files in read_report.values() for tally in files.values())
+        counts["read"] = {"kept": kept, "skipped": dict(sorted(skipped.items()))}
         try:
             log.info(
                 "train_classifier: %s examples per class (%s), held out %s",
@@ -382,5 +391,5 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         return out.commit(
             rows={"examples": sum(counts["train"].values()) + sum(counts["heldout"].values())},
             counters={"examples": counts},
-            extra={"model": model, "metrics": scalar},
+            extra={"model": model, "metrics": scalar, "sources": read_report},
         )
