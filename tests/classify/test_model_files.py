@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import shutil
 import struct
 
 import fasttext
@@ -20,7 +21,7 @@ from pipeline.classify.preprocess import dclm
 from pipeline.config import load_config
 from pipeline.core.cli import run_cli
 from pipeline.core.config import ConfigError
-from pipeline.core.storage import DatasetRef
+from pipeline.core.storage import DatasetRef, StageOutput
 from tests.classify.corpus import document, publish_documents
 from tests.conftest import make_config
 
@@ -238,3 +239,23 @@ def test_a_right_sha256_is_accepted_and_the_model_scores_as_fasttext_does(models
     for text, score in zip(texts, score_texts(resolved, texts), strict=True):
         labels, probabilities = model.predict(dclm(text), k=-1)
         assert score == float(probabilities[list(labels).index("__label__cc")])
+
+
+def test_a_trained_model_changed_since_train_classifier_recorded_it_is_refused(models, tmp_path):
+    """`trained:` names a folder whose manifest holds the model's digest: a file replaced or edited since
+    (here one weight) is refused, though its structure is intact."""
+    path, _ = models["dense"]
+    config = make_config(tmp_path / "data", "classify.models=[{name: q, trained: m1}]")
+    with StageOutput(DatasetRef.of(config, "train_classifier", "m1"), config, []) as out:
+        shutil.copy(path, out.path / "model.bin")
+        out.commit(extra={"model": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}})
+    model_file = DatasetRef.of(config, "train_classifier", "m1").path / "model.bin"
+    assert resolve(config.classify.models[0], config).sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    edited = bytearray(model_file.read_bytes())
+    edited[-1] ^= 1  # the last output weight: the check cannot see it, the recorded digest does
+    model_file.write_bytes(bytes(edited))
+    check_fasttext_file(model_file)
+    with pytest.raises(
+        ConfigError, match=r"^classify\.models\[q\]: .*model\.bin has sha256 [0-9a-f]{64}, expected"
+    ):
+        resolve(config.classify.models[0], config)
