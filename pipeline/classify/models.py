@@ -94,12 +94,13 @@ class _ModelBytes:
         return len(self.buffer) >= wanted
 
     def need(self, length: int, what: str) -> None:
-        if length < 0 or self.offset + length > self.size:
+        """The file holds ``length`` more bytes (a size read from the file, so perhaps negative or huge)."""
+        if length < 0:
+            raise self.damaged(f"{what} has a negative size ({length})")
+        if self.offset + length > self.size:
             raise self.damaged(
                 f"{what} needs {length} bytes from byte {self.offset}, the file ends at byte {self.size}"
                 " (cut short: a download that stopped early?)"
-                if length >= 0
-                else f"{what} has a negative size ({length})"
             )
 
     def unpack(self, layout: str, what: str) -> tuple[Any, ...]:
@@ -123,8 +124,7 @@ class _ModelBytes:
 
     def word(self) -> bytes:
         """A dictionary entry's bytes, up to its NUL."""
-        start = self.pos
-        end = self.buffer.find(b"\0", start)
+        end = self.buffer.find(b"\0", self.pos)
         while end < 0:
             if len(self.buffer) - self.pos > _MAX_ENTRY:
                 raise self.damaged(f"the dictionary entry at byte {self.offset} runs past {_MAX_ENTRY} bytes")
@@ -222,7 +222,8 @@ def check_fasttext_file(path: str | Path) -> FastTextFile:
                 labels.append(word.decode("utf-8", errors="replace"))
         if kinds != [words, n_labels]:
             raise data.damaged(
-                f"the dictionary holds {kinds[0]} words and {kinds[1]} labels, its header says {words} and {n_labels}"
+                f"the dictionary holds {kinds[0]} words and {kinds[1]} labels, "
+                f"its header says {words} and {n_labels}"
             )
         if pruned >= 0:
             data.skip(pruned * 8, "the dictionary's pruned index")
