@@ -19,7 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from cuda_ext import kernels
-from pipeline.model.routing import RoutingPlan
+from cuda_ext.routing_plan import RoutingPlan
 
 __all__ = ["FusedRoutingPlan", "is_available", "permute", "route", "unpermute"]
 
