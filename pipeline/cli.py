@@ -37,6 +37,11 @@ TOOLS: dict[str, tuple[str, str]] = {
         "data ablations: train the same proxy model on variants of a corpus recipe at equal tokens and seeds, "
         "compare held-out loss against the seed spread",
     ),
+    "card": (
+        "pipeline.quality.card",
+        "write a Hugging Face dataset card (README.md) beside a snapshot's documents: languages, counts, "
+        "the drop funnel, the recipe, tokens",
+    ),
     "config": ("pipeline.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
 }
