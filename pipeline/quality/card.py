@@ -178,6 +178,13 @@ def report_links(config: PipelineConfig, documents: Manifest) -> list[tuple[str,
     return links
 
 
+def card_link(documents: DatasetRef, page_folder: Path) -> str | None:
+    """The card of ``documents`` as a link from a page published in ``page_folder`` (relative, so the data
+    root can move), or None when the output has no card."""
+    card = documents.path / CARD_NAME
+    return os.path.relpath(card, page_folder) if card.is_file() else None
+
+
 # --- the card -----------------------------------------------------------------------------------------
 
 

@@ -139,6 +139,12 @@ def _warnings(warnings: Sequence[str]) -> str:
     return f"<div class='warn'><b>Warnings</b><ul>{items}</ul></div>"
 
 
+def _card(link: str | None, snapshot: str) -> str:
+    if link is None:
+        return f"<p><small>No dataset card yet: <code>pretrain card --snapshot {html.escape(snapshot)}</code> writes one.</small></p>"
+    return f"<p>Dataset card: <a href='{html.escape(link, quote=True)}'>{html.escape(link)}</a></p>"
+
+
 def _trend_rows(trend: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     def arrow(row):
         if row["better"] is None:
@@ -214,8 +220,10 @@ def write_page(
     trend: Sequence[Mapping[str, Any]],
     previous: str | None,
     warnings: Sequence[str] = (),
+    card: str | None = None,
 ) -> None:
-    """``images`` by name: subjects, diversity plots (compression, embeddings), funnel, trends, hosts."""
+    """``images`` by name: subjects, diversity plots (compression, embeddings), funnel, trends, hosts.
+    ``card``: the link to the documents' dataset card (``pretrain card``), when they have one."""
     subjects = metrics.get("subjects") or {}
     subject_rows = [
         [name, row["documents"], row["share"], row.get("mean_margin")] for name, row in subjects.items()
@@ -261,6 +269,7 @@ def write_page(
 <h1>Data quality report: {html.escape(snapshot)}</h1>
 <p>{metrics.get("documents", 0):,} documents, {metrics.get("characters", 0):,} characters;
 sample of {sampled} documents (pairwise metrics on {pairwise}), seed {metrics.get("seed")}.</p>
+{_card(card, snapshot)}
 {_gate(metrics.get("gate"))}{_warnings(warnings)}
 <section><h2>Subjects</h2><small>Each sampled document goes to the subject whose prototype texts it is
 closest to (embedding cosine); "unassigned" when no subject is close or two are tied.</small>

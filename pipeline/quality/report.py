@@ -41,6 +41,7 @@ from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_ses
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
+from pipeline.quality.card import card_link
 from pipeline.quality.funnel import as_rows, clean_details, filtering_details, funnel, plot_waterfall, shares
 
 if TYPE_CHECKING:
@@ -405,6 +406,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             changes,
             previous_snapshot,
             warnings,
+            card=card_link(documents_ref, output.path),
         )
         log.info(
             "quality: %d documents, %d hosts, self-BLEU %s, Vendi %s, unassigned %s",

@@ -263,3 +263,21 @@ def test_a_missing_snapshot_is_one_clear_error(root):
     assert_one_line_exit_2(
         pretrain("card", "--snapshot", SNAPSHOT, "--stage", "tokenize", root=root), "holds no documents/"
     )
+
+
+def test_the_quality_report_links_the_card_when_there_is_one(root):
+    from pipeline.quality.page import write_page
+
+    config = make_config(root)
+    documents = publish_chain(config)["decontaminate"]
+    report = DatasetRef.of(config, "quality", SNAPSHOT).path
+    report.mkdir(parents=True)
+    assert card.card_link(documents, report) is None
+    write_page(report / "report.html", SNAPSHOT, {}, [], {}, [], None, card=None)
+    assert "href" not in (report / "report.html").read_text()
+
+    card.main(["--snapshot", SNAPSHOT, "--set", f"project.data_root={root}"])
+    link = card.card_link(documents, report)
+    write_page(report / "report.html", SNAPSHOT, {}, [], {}, [], None, card=link)
+    (href,) = re.findall(r"href='([^']+)'", (report / "report.html").read_text())
+    assert not href.startswith("/") and (report / href).resolve() == (documents.path / "README.md").resolve()
