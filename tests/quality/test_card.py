@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 
 import pyarrow as pa
@@ -281,3 +283,28 @@ def test_the_quality_report_links_the_card_when_there_is_one(root):
     write_page(report / "report.html", SNAPSHOT, {}, [], {}, [], None, card=link)
     (href,) = re.findall(r"href='([^']+)'", (report / "report.html").read_text())
     assert not href.startswith("/") and (report / href).resolve() == (documents.path / "README.md").resolve()
+
+
+def test_a_run_writing_the_output_holds_the_card_off(root):
+    """The card is written under the output's lock: a stage run that holds it makes `pretrain card` fail at once."""
+    output = publish_chain(make_config(root))["decontaminate"]
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from pipeline.core.locks import OutputLock\n"
+            "with OutputLock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)",
+            str(output.path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert_one_line_exit_2(
+            pretrain("card", "--snapshot", SNAPSHOT, root=root), "being written by another run"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (output.path / "README.md").exists()
