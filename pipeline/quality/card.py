@@ -124,6 +124,12 @@ def count_languages(folder: Path, files: Iterable[str]) -> Counter[str | None]:
     return counts
 
 
+def uncompressed_bytes(path: Path) -> int:
+    """The data's size before compression, from the Parquet footer (the Hub's ``num_bytes``)."""
+    footer = pq.ParquetFile(path).metadata
+    return sum(footer.row_group(index).total_byte_size for index in range(footer.num_row_groups))
+
+
 @dataclass(frozen=True)
 class Tokens:
     """One tokenize output of the same documents: its tokenizer and what it made of them."""
@@ -356,11 +362,7 @@ def card_text(
             f"{ref.path / DOCUMENTS} holds {sum(languages.values())} documents, its manifest counts {documents}; "
             f"{ref.rerun_hint}"
         )
-    uncompressed = sum(
-        pq.ParquetFile(ref.path / name).metadata.row_group(index).total_byte_size
-        for name in files
-        for index in range(pq.ParquetFile(ref.path / name).metadata.num_row_groups)
-    )
+    uncompressed = sum(uncompressed_bytes(ref.path / name) for name in files)
     data = metadata(manifest, languages, files, uncompressed, license_id)
     chain = lineage(manifest)
     characters = manifest.counters.get("kept_chars")

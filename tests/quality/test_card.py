@@ -145,6 +145,10 @@ def test_the_card_parses_and_its_counts_are_the_manifests(root):
     ]
     parquet = sorted((output.path / "documents").glob("*.parquet"))
     assert data["dataset_info"]["download_size"] == sum(p.stat().st_size for p in parquet)
+    footers = [pq.read_metadata(p) for p in parquet]
+    assert data["dataset_info"]["dataset_size"] == sum(
+        f.row_group(i).total_byte_size for f in footers for i in range(f.num_row_groups)
+    )
     assert data["size_categories"] == ["n<1K"]
     assert data["license"] == "other" and "TODO (licence)" in parsed.text
     assert data["configs"] == [
