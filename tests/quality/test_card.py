@@ -312,3 +312,19 @@ def test_a_run_writing_the_output_holds_the_card_off(root):
         holder.kill()
         holder.wait()
     assert not (output.path / "README.md").exists()
+
+
+def test_outputs_replaced_since_they_were_read_are_named_or_left_out(root):
+    config = make_config(root)
+    refs = publish_chain(config)
+    publish_tokens(config, refs["decontaminate"])
+    # dedup again, with other documents: classify read the earlier one.
+    publish(config, "dedup", documents(47, offset=1000), DEDUP_DROPS, [refs["clean"]])
+    # decontaminate again, other documents: the tokenize output read the earlier ones (the same bytes again
+    # would be the same digest, and the same documents).
+    publish(config, "decontaminate", documents(40, offset=2000), DECONTAMINATE_DROPS, [refs["classify"]])
+    card.main(["--snapshot", SNAPSHOT, "--set", f"project.data_root={root}"])
+    text = DatasetCard.load(refs["decontaminate"].path / "README.md").text
+    assert "The dedup output was re-run after classify read it" in text
+    assert "The classify output was re-run" not in text
+    assert "## Tokens" not in text
