@@ -12,6 +12,7 @@ the paired test of ``pipeline.ablate.stats``):
    interval and p-value at each size; in the full run also ``rules+dedup+classifier`` (the recipe plus a
    fastText quality classifier trained by the train_classifier stage on pool prose against generated junk),
    judged against ``rules+dedup`` by the same paired test, with the data's reasons where it does not win.
+   With the classifier the corpus also holds word salad (shuffled prose: junk the rules keep), for it to find.
 3. **A/A controls**: the base trained again with each seed's initial weights and another data order. In the
    full run a pool of 8 seeds x 2 orders of the smallest size's base gives the repetitions (every 3-seed subset
    of the pool is one A/A comparison, the two arms disjoint trainings); the false-finding rate is the share
@@ -240,15 +241,16 @@ def recipe_check(
     from pipeline.ablate.compare import REFERENCE, diagnosis, paired
     from tests.ablate.corpus import build
 
-    # Word salad among the junk: what the rules keep, so the classifier has something left to find.
-    built = build(
-        folder / f"recipe-{pages}", pages=pages, reference_documents=REFERENCE_DOCUMENTS, salad=True
-    )
-    snapshot = f"recipe-{pages}"
+    # With a classifier variant, word salad among the junk: what the rules keep, so the classifier has
+    # something left to find (and rules+dedup has that much junk left against none).
+    salad = classifier is not None
+    name = f"recipe-{pages}" + ("-salad" if salad else "")
+    built = build(folder / name, pages=pages, reference_documents=REFERENCE_DOCUMENTS, salad=salad)
+    snapshot = name
     ingest(folder, built.corpus, snapshot, common)
     spec, comparison = run(
         {
-            "name": f"recipe-{pages}",
+            "name": name,
             "source": {"snapshot": snapshot},
             "variants": {
                 "none": "preset",
@@ -291,6 +293,7 @@ def recipe_check(
         )
     return {
         "pages": pages,
+        "word_salad": salad,
         "tokens": comparison["tokens"],
         "vs_none": row,
         "classifier_vs_recipe": against_recipe,
