@@ -84,9 +84,14 @@ def test_every_component_listens_on_loopback_only_and_sqlite_runs_in_wal_mode(ai
     listening = []
     for process in airflow.processes.values():
         for member in [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]:
-            for connection in member.net_connections(kind="inet"):
+            try:
+                connections = member.net_connections(kind="inet")
+                name = member.name()
+            except psutil.NoSuchProcess:
+                continue  # a short-lived child that ended after it was listed listens on nothing
+            for connection in connections:
                 if connection.status == psutil.CONN_LISTEN:
-                    listening.append((member.name(), connection.laddr.ip, connection.laddr.port))
+                    listening.append((name, connection.laddr.ip, connection.laddr.port))
     assert any(port == airflow.port for _, _, port in listening), listening
     assert all(ip in ("127.0.0.1", "::1") for _, ip, _ in listening), listening
     with sqlite3.connect(airflow.home / "airflow.db") as database:
