@@ -126,9 +126,15 @@ class HistoryGaps:
 
     rerun_later: list[str]  # later dedup outputs made without this snapshot: re-run them after this one
     incomplete_earlier: list[str]  # earlier snapshots ``against`` selects with no complete output: left out
+    # earlier names ``against`` lists by hand with no output at all: left out
+    missing_named: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, list[str]]:
-        return {"rerun_later": self.rerun_later, "incomplete_earlier": self.incomplete_earlier}
+        return {
+            "rerun_later": self.rerun_later,
+            "incomplete_earlier": self.incomplete_earlier,
+            "missing_named": self.missing_named,
+        }
 
 
 def _snapshots_present(root: str, corpus: str, stage: str) -> set[str]:
@@ -170,6 +176,19 @@ def history_gaps(
             snapshot,
             name,
         )
+    # A name given by hand with no folder in either stage is most likely misspelt or of another corpus.
+    missing = _earlier(snapshot, selection.missing(present))
+    if missing:
+        log.warning(
+            "dedup.against names %s, which %s/%s has no %s or %s output of at all (misspelt, or of another "
+            "corpus?): left out of %s's history",
+            missing,
+            root,
+            corpus,
+            input_stage,
+            stage,
+            snapshot,
+        )
     after = available | {snapshot}
     rerun = []
     for name in complete_snapshots(root, corpus, stage):
@@ -194,7 +213,7 @@ def history_gaps(
             snapshot,
             rerun,
         )
-    return HistoryGaps(rerun, incomplete)
+    return HistoryGaps(rerun, incomplete, missing)
 
 
 @dataclass

@@ -307,6 +307,30 @@ def test_an_earlier_snapshot_with_an_incomplete_output_is_named_not_silently_lef
     )
 
 
+def test_an_earlier_snapshot_named_by_hand_with_no_output_at_all_is_named_not_silently_left_out(
+    tmp_path, caplog
+):
+    """``against: [name]`` naming a snapshot with no folder in either stage (a typo, another corpus's date) is
+    left out as before, and now named in a warning and in the manifest; a later name is not history at all."""
+    config = make_config(tmp_path / "data")
+    publish(config, "clean", "2026-11-01")
+    root = str(tmp_path / "data")
+    against = ["2026-11-01", "2026-11-0l", "2026-10-31", "2026-11-09"]
+    with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
+        found = history_gaps(root, config.project.corpus, "2026-11-04", against, "clean", "dedup")
+    assert found == HistoryGaps([], [], ["2026-10-31"])  # "2026-11-0l" sorts after "2026-11-04"
+    assert "2026-10-31" in caplog.text and "misspelt" in caplog.text and "2026-11-09" not in caplog.text
+    assert selected_history(root, config.project.corpus, "2026-11-04", against, "clean", "dedup") == [
+        "2026-11-01"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
+        assert history_gaps(
+            root, config.project.corpus, "2026-11-04", "all", "clean", "dedup"
+        ) == HistoryGaps([], [])
+    assert not caplog.text
+
+
 @pytest.mark.slow
 def test_a_backfill_records_the_later_snapshots_to_rerun_in_its_manifest(tmp_path, corpus, caplog):
     """s2 deduplicated before s1's input existed, then s1 backfilled: s1's manifest names s2 to re-run."""
@@ -314,9 +338,13 @@ def test_a_backfill_records_the_later_snapshots_to_rerun_in_its_manifest(tmp_pat
     config = make_config(tmp_path / "data", *SETTINGS)
     s1, s2, _ = SNAPSHOTS
     publish_clean(config, s2, rows[s2])
-    assert dedup(config, s2).extra["history"] == {"rerun_later": [], "incomplete_earlier": []}
+    assert dedup(config, s2).extra["history"] == {
+        "rerun_later": [],
+        "incomplete_earlier": [],
+        "missing_named": [],
+    }
     publish_clean(config, s1, rows[s1])
     with caplog.at_level(logging.WARNING, logger="pipeline.dedup.history"):
         manifest = dedup(config, s1)
-    assert manifest.extra["history"] == {"rerun_later": [s2], "incomplete_earlier": []}
+    assert manifest.extra["history"] == {"rerun_later": [s2], "incomplete_earlier": [], "missing_named": []}
     assert f"Re-run dedup for ['{s2}']" in caplog.text
