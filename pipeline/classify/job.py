@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.config import ClassifyConfig, ScoringModel
 from pipeline.classify.models import ResolvedModel, resolve, score_batches, scored_schema
-from pipeline.classify.passthrough import pass_through
-from pipeline.classify.plots import plot_scores
 from pipeline.classify.selection import Cut, drop_reason_sql, top_fraction_cut
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.passthrough import pass_through
+from pipeline.documents.plots import plot_scores
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -26,16 +26,16 @@ import pyarrow as pa
 
 from pipeline.clean import pii
 from pipeline.clean.config import CleanConfig
-from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
-from pipeline.clean.filters.rules import per_language_sql, sql_literal
 from pipeline.clean.language import identify_language
-from pipeline.clean.normalize import decode_utf8, normalize_text
 from pipeline.clean.url_filter import URL_MARKED_FIELDS, UrlFilter, mark_batches
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_batches
+from pipeline.documents.normalize import decode_utf8, normalize_text
+from pipeline.documents.rules import per_language_sql, sql_literal
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

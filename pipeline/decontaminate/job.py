@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.classify.passthrough import pass_through
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
@@ -46,6 +45,7 @@ from pipeline.decontaminate.ngrams import (
     item_ngram_rows,
     normalize_words,
 )
+from pipeline.documents.passthrough import pass_through
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

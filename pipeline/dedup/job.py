@@ -52,9 +52,10 @@ from pipeline.dedup.history import (
     snapshot_keys,
 )
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
-from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
+from pipeline.dedup.minhash import MinHasher, jaccard_pairs
 from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
 from pipeline.dedup.urls import page_key
+from pipeline.documents.shingles import normalize_for_dedup
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

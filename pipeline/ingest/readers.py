@@ -19,9 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_page
-from pipeline.clean.normalize import normalize_text
 from pipeline.core.jsonsafe import JsonTooDeep, loads_bounded
+from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_page
+from pipeline.documents.normalize import normalize_text
 from pipeline.ingest.config import IngestConfig
 from pipeline.ingest.sources import open_source
 
@@ -53,7 +53,7 @@ def text_id(text: str) -> str:
 def host(url: str | None) -> str | None:
     if not url:
         return None
-    from pipeline.crawl.urls import host_of
+    from pipeline.documents.urls import host_of
 
     try:
         return host_of(url) or None
