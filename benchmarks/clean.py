@@ -235,7 +235,7 @@ def make_document(rng: random.Random, src: Sources) -> str:
 
 def datatrove_text(text: str, form: str, source: str) -> str:
     """What datatrove reads: our normalised text (``ours``), or the text as FineWeb keeps it (``ftfy``)."""
-    from pipeline.clean.normalize import normalize_text
+    from pipeline.documents.normalize import normalize_text
 
     if source == "ftfy":
         return _ftfy_formatter().format(text)
@@ -257,7 +257,7 @@ def build_corpus(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.clean.extract import EXTRACTED_SCHEMA
+    from pipeline.documents.extract import EXTRACTED_SCHEMA
 
     name = f"corpus-v{CORPUS_VERSION}-{count}-{seed}" + (
         "" if (form, source) == ("NFC", "ours") else f"-{form}-{source}"
@@ -325,9 +325,9 @@ def cpu_seconds_since(start: dict[int, float]) -> float:
 
 
 def run_ours(raw_dir: Path, out: Path, config) -> dict:
-    from pipeline.clean.extract import EXTRACTED_SCHEMA
     from pipeline.clean.job import clean_counters, clean_documents, write_outputs
     from pipeline.core.spark import spark_schema, spark_session
+    from pipeline.documents.extract import EXTRACTED_SCHEMA
 
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
@@ -485,7 +485,7 @@ def chinese_changed_by_form(raw_dir: Path, form: str) -> dict:
 
     import pyarrow.parquet as pq
 
-    from pipeline.clean.normalize import normalize_text
+    from pipeline.documents.normalize import normalize_text
 
     han = re.compile(r"[\u4e00-\u9fff]")
     texts = [text for text in pq.read_table(raw_dir, columns=["text"]).column("text").to_pylist() if text]

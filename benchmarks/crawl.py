@@ -40,7 +40,7 @@ BUCKETS = [
     ("WARC writing (warcio, gzip, digests)", ("warcio", "pipeline/crawl/warc.py", "gzip.py", "zlib", "hashlib", "_hashlib")),
     ("journal (JSON lines)", ("pipeline/crawl/journal.py", "json/")),
     ("link extraction (lxml, parsel)", ("lxml", "parsel", "linkextractors", "cssselect")),
-    ("frontier (canonical URLs, sites)", ("pipeline/crawl/frontier.py", "pipeline/crawl/urls.py", "w3lib", "tldextract", "idna")),
+    ("frontier (canonical URLs, sites)", ("pipeline/crawl/frontier.py", "pipeline/documents/urls.py", "w3lib", "tldextract", "idna")),
     ("HTTP client (Twisted)", ("twisted/web", "twisted/internet", "twisted/protocols", "twisted/python", "zope")),
     ("Scrapy engine, middlewares, signals", ("scrapy", "pydispatch", "pipeline/crawl/middlewares.py", "pipeline/crawl/spiders.py", "pipeline/crawl/crawler.py")),
     ("socket and selector syscalls", ("selectors.py", "socket.py", "{method 'recv'", "{method 'send'", "{method 'poll'")),

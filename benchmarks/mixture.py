@@ -53,7 +53,7 @@ AGAINST = (1, 4, 16)
 
 def write_tokens(folder: Path, tokens: int, seed: int, shards: int = 4) -> None:
     """Random documents (lengths 50..2000, end-of-text id 0) adding up to about ``tokens``."""
-    from pipeline.tokenization.shards import ShardWriter
+    from pipeline.data.shards import ShardWriter
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

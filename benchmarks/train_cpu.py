@@ -68,11 +68,11 @@ from pipeline.config import PipelineConfig, load_config  # noqa: E402
 from pipeline.core.config import ENV_PREFIX  # noqa: E402
 from pipeline.core.proc import run_streaming  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
+from pipeline.data.shards import ShardWriter  # noqa: E402
 from pipeline.model.gpt import GPT  # noqa: E402
 from pipeline.tokenization.bpe import save_tokenizer, train_tokenizer  # noqa: E402
 from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
 from pipeline.tokenization.encoder import vocabulary_size  # noqa: E402
-from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 from pipeline.train.components.amp import MixedPrecision  # noqa: E402
 from pipeline.train.components.optimizer import parameter_groups  # noqa: E402
 from pipeline.train.host_memory import keep_freed_host_memory  # noqa: E402

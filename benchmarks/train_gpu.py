@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
+from pipeline.data.shards import ShardWriter  # noqa: E402
 from pipeline.model.config import FUSED_CROSS_ENTROPY, GPTConfig  # noqa: E402
-from pipeline.tokenization.shards import ShardWriter  # noqa: E402
 
 SNAPSHOT = "bench"
 

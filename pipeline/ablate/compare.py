@@ -116,8 +116,8 @@ def unigram_baselines(
 
     from pipeline.ablate.runner import eval_streams, tokenizer_file
     from pipeline.data.loader import TokenStream
+    from pipeline.data.shards import shard_prefixes
     from pipeline.tokenization.encoder import vocabulary_size
-    from pipeline.tokenization.shards import shard_prefixes
 
     vocabulary = vocabulary_size(Tokenizer.from_file(str(tokenizer_file(plan))))
     counts = np.zeros(vocabulary, dtype=np.float64)

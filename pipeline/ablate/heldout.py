@@ -170,8 +170,8 @@ def write_reference_shards(texts: list[str], tokenizer_file: Path, eos_token: st
     """The reference encoded as the tokenize stage encodes documents (end-of-text after each), one shard."""
     from tokenizers import Tokenizer
 
+    from pipeline.data.shards import ShardWriter
     from pipeline.tokenization.encoder import DocumentEncoder
-    from pipeline.tokenization.shards import ShardWriter
 
     encoder = DocumentEncoder.for_tokenizer(Tokenizer.from_file(str(tokenizer_file)), eos_token, 100_000)
     tokens, lengths = encoder.encode(texts)

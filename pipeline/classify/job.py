@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.config import ClassifyConfig, ScoringModel
 from pipeline.classify.models import ResolvedModel, resolve, score_batches, scored_schema
-from pipeline.classify.passthrough import pass_through
-from pipeline.classify.plots import plot_scores
 from pipeline.classify.selection import Cut, drop_reason_sql, top_fraction_cut
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.passthrough import pass_through
+from pipeline.documents.plots import plot_scores
+from pipeline.documents.split import write_split
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -185,17 +186,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             counters = summary(decided)
             views = {spec.name: histograms(decided, spec, classify.histogram_bins) for spec, _ in cuts}
             files = config.spark.output_files
-            kept = write_parquet(
-                decided.where(F.col("drop_reason").isNull()).drop("drop_reason"),
-                out.path / "documents",
+            kept, excluded = write_split(
+                decided,
+                out.path,
                 files,
-                known_rows=counters["kept"],
-            )
-            excluded = write_parquet(
-                decided.where(F.col("drop_reason").isNotNull()),
-                out.path / "excluded",
-                files,
-                known_rows=counters["input_documents"] - counters["kept"],
+                kept_rows=counters["kept"],
+                excluded_rows=counters["input_documents"] - counters["kept"],
             )
         finally:
             scored.unpersist()

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.config import ScoringModel
-from pipeline.clean.filters.rules import per_language_sql, sql_literal
+from pipeline.documents.rules import per_language_sql, sql_literal
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -26,16 +26,17 @@ import pyarrow as pa
 
 from pipeline.clean import pii
 from pipeline.clean.config import CleanConfig
-from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.clean.filters import SIGNALS, DocumentSignals, c4, recipe_rules
-from pipeline.clean.filters.rules import per_language_sql, sql_literal
 from pipeline.clean.language import identify_language
-from pipeline.clean.normalize import decode_utf8, normalize_text
 from pipeline.clean.url_filter import URL_MARKED_FIELDS, UrlFilter, mark_batches
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_batches
+from pipeline.documents.normalize import decode_utf8, normalize_text
+from pipeline.documents.rules import per_language_sql, sql_literal
+from pipeline.documents.split import write_split
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -268,18 +269,14 @@ def clean_counters(decided: DataFrame) -> dict:
 
 def write_outputs(decided: DataFrame, path, num_files: int, counters: dict | None = None) -> None:
     """documents/ and excluded/; with ``clean_counters``' counts, an empty one is written without a job."""
-    from pyspark.sql import functions as F
-
-    kept = counters["kept"] if counters else None
-    excluded = counters["input_pages"] - counters["kept"] if counters else None
-    write_parquet(
-        decided.where(F.col("drop_rule").isNull()).select(*DOCUMENT_COLUMNS),
-        path / "documents",
+    write_split(
+        decided,
+        path,
         num_files,
-        known_rows=kept,
-    )
-    write_parquet(
-        decided.where(F.col("drop_rule").isNotNull()), path / "excluded", num_files, known_rows=excluded
+        reason="drop_rule",
+        document_columns=DOCUMENT_COLUMNS,
+        kept_rows=counters["kept"] if counters else None,
+        excluded_rows=counters["input_pages"] - counters["kept"] if counters else None,
     )
 
 

@@ -69,7 +69,7 @@ class CrawlConfig(Section):
     @field_validator("seeds")
     @classmethod
     def _valid_seeds(cls, seeds: list[str]) -> list[str]:
-        from pipeline.crawl.urls import InvalidURL, canonical_url
+        from pipeline.documents.urls import InvalidURL, canonical_url
 
         for seed in seeds:
             try:

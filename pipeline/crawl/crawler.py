@@ -21,8 +21,8 @@ from typing import Any, TextIO
 from pipeline.core.proc import die_with_parent
 from pipeline.crawl.frontier import Frontier
 from pipeline.crawl.journal import Journal, JournalState, recover
-from pipeline.crawl.urls import host_of, registered_domain
 from pipeline.crawl.warc import Exchange, WarcStore
+from pipeline.documents.urls import host_of, registered_domain
 
 log = logging.getLogger("pipeline.crawl.crawler")
 JOB_DIR = "_job"

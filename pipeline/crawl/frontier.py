@@ -6,7 +6,7 @@ import contextlib
 from collections import Counter
 
 from pipeline.crawl.journal import Entry, Journal, JournalState
-from pipeline.crawl.urls import InvalidURL, canonical_url, fetchable_url, registered_domain
+from pipeline.documents.urls import InvalidURL, canonical_url, fetchable_url, registered_domain
 
 
 class Frontier:

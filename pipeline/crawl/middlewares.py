@@ -27,7 +27,7 @@ from twisted.internet.error import DNSLookupError
 from twisted.internet.task import deferLater
 
 from pipeline.crawl.safety import REFUSED_REASON, AddressPolicy
-from pipeline.crawl.urls import InvalidURL, canonical_url
+from pipeline.documents.urls import InvalidURL, canonical_url
 
 log = logging.getLogger(__name__)
 

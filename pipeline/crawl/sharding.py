@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
-from pipeline.crawl.urls import registered_domain
+from pipeline.documents.urls import registered_domain
 
 SHARDS_STAGE = "crawl-shards"
 

@@ -30,10 +30,10 @@ from scrapy.utils.url import url_has_any_extension
 from twisted.internet.error import TimeoutError as TxTimeoutError
 from twisted.python.failure import Failure
 
-from pipeline.crawl.content import looks_binary
 from pipeline.crawl.journal import Entry
 from pipeline.crawl.middlewares import REFUSED_HOSTS, CrawlRefusal
 from pipeline.crawl.safety import REFUSED_REASON
+from pipeline.documents.content import looks_binary
 
 if TYPE_CHECKING:
     from pipeline.crawl.crawler import CrawlSession

@@ -30,7 +30,7 @@ from pipeline.crawl.journal import JournalState, read_journal
 from pipeline.crawl.safety import REFUSED_REASON
 from pipeline.crawl.sharding import shard_name, shard_of, shard_ref, split_seeds
 from pipeline.crawl.site_server import serve_folder
-from pipeline.crawl.urls import host_of, registered_domain
+from pipeline.documents.urls import host_of, registered_domain
 
 log = logging.getLogger(__name__)
 STAGE = "crawl"

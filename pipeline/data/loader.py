@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from pipeline.tokenization.shards import Shard, shard_prefixes
+from pipeline.data.shards import Shard, shard_prefixes
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # targets the loss skips (F.cross_entropy's default ignore_index)

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.classify.passthrough import pass_through
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.decontaminate import sources
 from pipeline.decontaminate.config import DecontaminateConfig
@@ -46,6 +45,8 @@ from pipeline.decontaminate.ngrams import (
     item_ngram_rows,
     normalize_words,
 )
+from pipeline.documents.passthrough import pass_through
+from pipeline.documents.split import write_split
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -438,18 +439,13 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         try:
             counters = counters_of(decided, settings.mode == "cut")
             files = config.spark.output_files
-            kept_columns = [field.name for field in arrow]
-            kept = write_parquet(
-                decided.where(F.col("drop_reason").isNull()).select(*kept_columns),
-                out.path / "documents",
+            kept, excluded = write_split(
+                decided,
+                out.path,
                 files,
-                known_rows=counters["kept"],
-            )
-            excluded = write_parquet(
-                decided.where(F.col("drop_reason").isNotNull()),
-                out.path / "excluded",
-                files,
-                known_rows=counters["input_documents"] - counters["kept"],
+                document_columns=[field.name for field in arrow],
+                kept_rows=counters["kept"],
+                excluded_rows=counters["input_documents"] - counters["kept"],
             )
         finally:
             decided.unpersist()

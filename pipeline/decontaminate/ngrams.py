@@ -1,6 +1,6 @@
 """Word n-grams of evaluation items and of documents, the index that holds the first, and the matching.
 
-Normalisation is dedup's (``pipeline.dedup.minhash.normalize_for_dedup``): NFKC, lower case, every run of
+Normalisation is dedup's (``pipeline.documents.shingles.normalize_for_dedup``): NFKC, lower case, every run of
 characters that are not letters, digits or marks is one separator, and each Han, Hiragana or Katakana
 character is a word of its own. So case, punctuation and whitespace changes do not hide an item, and Chinese
 is matched by characters. An n-gram is ``ngram_size`` consecutive words; an item shorter than that but at
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.dedup.minhash import CJK_CLASS, NOT_WORD, U64, mix64, normalize_for_dedup, shingle_hashes
+from pipeline.documents.shingles import CJK_CLASS, NOT_WORD, U64, mix64, normalize_for_dedup, shingle_hashes
 
 INDEX_SCHEMA = pa.schema(
     [

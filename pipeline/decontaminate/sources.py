@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.classify.sources import source_files
 from pipeline.core.manifest import MANIFEST_NAME
 from pipeline.core.snapshots import base_snapshot, is_variant, snapshot_folders
 from pipeline.core.storage import LATEST, DatasetRef, local_path
 from pipeline.decontaminate.config import EvalSet
+from pipeline.documents.sources import source_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

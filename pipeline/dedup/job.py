@@ -52,9 +52,11 @@ from pipeline.dedup.history import (
     snapshot_keys,
 )
 from pipeline.dedup.lsh import optimal_bands_rows, plot_s_curve, s_curve_table
-from pipeline.dedup.minhash import MinHasher, jaccard_pairs, normalize_for_dedup
+from pipeline.dedup.minhash import MinHasher, jaccard_pairs
 from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
 from pipeline.dedup.urls import page_key
+from pipeline.documents.shingles import normalize_for_dedup
+from pipeline.documents.split import write_split
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -625,15 +627,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         labelled = docs.join(removed, "id", "left").withColumn(
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
-        kept = write_parquet(
-            labelled.where(F.col("drop_reason").isNull()).select(*docs.columns), out.path / "documents", files
-        )
-        excluded = write_parquet(
-            labelled.where(F.col("drop_reason").isNotNull()).select(
-                *docs.columns, "drop_reason", *earlier_columns
-            ),
-            out.path / "excluded",
+        kept, excluded = write_split(
+            labelled,
+            out.path,
             files,
+            document_columns=docs.columns,
+            excluded_columns=[*docs.columns, "drop_reason", *earlier_columns],
         )
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         # Clusters inside this snapshot; a document matched in an earlier snapshot is in earlier_duplicates/.

@@ -6,7 +6,7 @@ slash, percent-encoding), so ``http://www.example.com/a/`` and ``https://example
 their case and other query parameters stay, so ``?page=2`` is not ``?page=3``. Any string is accepted; one
 that names no host has no key (None).
 
-The crawl's ``pipeline.crawl.urls.canonical_url`` is the strict counterpart: a fetchable URL that keeps the
+The crawl's ``pipeline.documents.urls.canonical_url`` is the strict counterpart: a fetchable URL that keeps the
 scheme, ``www.`` and the trailing slash, and raises on a URL the crawler must not fetch.
 """
 

@@ -70,8 +70,8 @@ def generate(argv: list[str] | None = None) -> list[dict]:
     import torch
     from tokenizers import Tokenizer
 
-    from pipeline.export.trained import TrainedRun
     from pipeline.model.inference import continue_ids, load_model
+    from pipeline.model.trained import TrainedRun
 
     args = build_parser().parse_args(argv)
     if args.run:

@@ -34,10 +34,9 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import IGNORE_INDEX, TokenStream
-from pipeline.export.trained import TrainedRun
+from pipeline.data.shards import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX, shard_prefixes
 from pipeline.model.inference import generations
-from pipeline.tokenization.job import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX
-from pipeline.tokenization.shards import shard_prefixes
+from pipeline.model.trained import TrainedRun
 
 log = logging.getLogger(__name__)
 STAGE = "evaluate"

@@ -20,12 +20,12 @@ layers never drop).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pipeline.model.config import GPTConfig
+from pipeline.model.trained import SpecialTokens
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -33,17 +33,6 @@ if TYPE_CHECKING:
 
 class ExportError(ValueError):
     """This model cannot be exported exactly; the message names the difference."""
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    eos_id: int
-    pad_id: int | None
-    bos_id: int | None = None  # documents start after an end-of-text, so by default bos is eos
-
-    @property
-    def bos(self) -> int:
-        return self.eos_id if self.bos_id is None else self.bos_id
 
 
 def architecture(config: GPTConfig) -> str:

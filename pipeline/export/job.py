@@ -26,7 +26,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
 from pipeline.export.hf import ExportError, architecture, build_hf_model
-from pipeline.export.trained import TrainedRun
+from pipeline.model.trained import TrainedRun
 
 log = logging.getLogger(__name__)
 STAGE = "export"

@@ -21,8 +21,9 @@ import pyarrow as pa
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
+from pipeline.documents.split import write_split
 from pipeline.ingest.readers import (
     CHECKSUM_SCHEMA,
     INGESTED_SCHEMA,
@@ -186,20 +187,18 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             reasons = F.col("drop_reason")
             # The same URL or text in two files gives two rows with one id: their place in the file decides.
             order = ("source_file", "source_record")
-            write_parquet(
-                rows.where(reasons.isNull()),
-                out.path / "documents",
+            # A skipped record is counted, not kept nor quarantined; a quarantined one without an id is
+            # named by its place.
+            placed_id = F.coalesce("id", F.concat_ws("#", "source_file", "source_record")).alias("id")
+            write_split(
+                rows.where(reasons.isNull() | ~reasons.startswith(SKIPPED)),
+                out.path,
                 config.spark.output_files,
+                document_columns=rows.columns,
+                excluded_columns=[placed_id if name == "id" else name for name in rows.columns],
+                kept_rows=counters["documents"],
+                excluded_rows=counters["excluded"],
                 tiebreak=order,
-                known_rows=counters["documents"],
-            )
-            excluded = rows.where(reasons.isNotNull() & ~reasons.startswith(SKIPPED))
-            write_parquet(
-                excluded.withColumn("id", F.coalesce("id", F.concat_ws("#", "source_file", "source_record"))),
-                out.path / "excluded",
-                config.spark.output_files,
-                tiebreak=order,
-                known_rows=counters["excluded"],
             )
         finally:
             rows.unpersist()

@@ -34,11 +34,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.classify.plots import plot_scores
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.plots import plot_scores
 from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
 from pipeline.quality import diversity, gate, page, subjects, trends
 from pipeline.quality.card import card_link

@@ -150,7 +150,7 @@ class DocumentEncoder:
     def for_tokenizer(
         cls, tokenizer: Tokenizer, eos_token: str, chunk_chars: int, pad_token: str | None = None
     ) -> DocumentEncoder:
-        from pipeline.tokenization.shards import token_dtype
+        from pipeline.data.shards import token_dtype
 
         eos_id = tokenizer.token_to_id(eos_token)
         if eos_id is None:

@@ -36,9 +36,9 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.progress import StepClock
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.data.shards import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX, RollingShardWriter, token_dtype
 from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
-from pipeline.tokenization.shards import RollingShardWriter, token_dtype
 from pipeline.tokenization.store import (
     DEFAULT_CHOICE,
     SNAPSHOT_CHOICE,
@@ -111,11 +111,7 @@ def _split_runs(splits: list[str]) -> Iterator[tuple[str, int, int]]:
             start = i
 
 
-# Who each validation document is, beside its shard, so an evaluation can break the loss down by host and
-# language; the train split, far larger, has none.
-DESCRIBED_SPLIT = "validation"
 DOCUMENT_COLUMNS = ("id", "domain", "lang")
-DOCUMENTS_SUFFIX = ".docs.parquet"
 
 
 def write_document_tables(folder: Path, shards, described: list[pa.RecordBatch], temp_suffix: str) -> None:

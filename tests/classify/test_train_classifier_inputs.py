@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.classify.sources import judge_json_line
 from pipeline.classify.training import job as training_job
 from pipeline.classify.training.__main__ import main as train_classifier_main
 from pipeline.core.cli import run_cli
 from pipeline.core.spark import spark_session
 from pipeline.core.storage import DatasetRef
+from pipeline.documents.sources import judge_json_line
 from tests.classify.texts import junk_documents, wikipedia_extracts
 from tests.conftest import make_config
 

@@ -11,9 +11,9 @@ import datetime
 import pyarrow as pa
 import pytest
 
-from pipeline.clean.extract import EXTRACTED_SCHEMA
 from pipeline.clean.job import clean_documents
 from pipeline.core.spark import spark_schema, spark_session
+from pipeline.documents.extract import EXTRACTED_SCHEMA
 from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 import trafilatura
 
-from pipeline.clean.extract import EXTRACTED_SCHEMA
 from pipeline.clean.filters import first_failing, recipe_rules
 from pipeline.clean.job import clean_counters, clean_documents
 from pipeline.core.spark import spark_schema, spark_session
+from pipeline.documents.extract import EXTRACTED_SCHEMA
 from tests.conftest import PROJECT_ROOT, make_config
 
 ARTICLES = PROJECT_ROOT / "pipeline" / "crawl" / "sample_site" / "articles"

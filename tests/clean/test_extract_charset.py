@@ -1,10 +1,10 @@
-"""Charset detection and repair in pipeline.clean.extract: the declared charset is checked against the bytes."""
+"""Charset detection and repair in pipeline.documents.extract: the declared charset is checked against the bytes."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.clean.extract import (
+from pipeline.documents.extract import (
     DecodedHtml,
     codec_name,
     declared_charset,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pipeline.clean.filters import DocumentSignals, first_failing, recipe_rules
 from pipeline.clean.filters import c4 as c4_filter
 from pipeline.clean.filters import fineweb as fineweb_filter
-from pipeline.clean.normalize import normalize_text
 from pipeline.config import load_config
+from pipeline.documents.normalize import normalize_text
 from tests.clean import reference
 
 ROOT = Path(__file__).resolve().parents[2]

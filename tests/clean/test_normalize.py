@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.clean.normalize import decode_utf8, normalize_text
+from pipeline.documents.normalize import decode_utf8, normalize_text
 
 
 def test_keeps_punctuation_and_symbols():
@@ -68,6 +68,6 @@ MOJIBAKE_PRONE = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
 def test_skipping_ftfy_never_changes_the_result(text):
     import ftfy
 
-    from pipeline.clean.normalize import _ftfy_config, repair_mojibake
+    from pipeline.documents.normalize import _ftfy_config, repair_mojibake
 
     assert repair_mojibake(text) == ftfy.fix_text(text, _ftfy_config())

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from pipeline.clean.extract import extract_batches
-from pipeline.clean.normalize import normalize_text, strip_terminal_escapes
+from pipeline.documents.extract import extract_batches
+from pipeline.documents.normalize import normalize_text, strip_terminal_escapes
 
 SEQUENCES = [
     "\x1b[32m",

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.clean.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.clean.url_filter import UrlFilter, UrlFilterConfig, UrlList, read_lists
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_batches
 from tests.conftest import make_config
 
 UT1 = {

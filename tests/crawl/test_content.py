@@ -8,7 +8,7 @@ import zipfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.crawl.content import looks_binary
+from pipeline.documents.content import looks_binary
 from tests.crawl.testsite import PNG_BYTES
 
 ENCODINGS = ["utf-8", "cp1252", "cp1251", "shift_jis", "gb18030", "iso-8859-7", "utf-16", "utf-8-sig"]

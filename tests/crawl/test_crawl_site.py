@@ -5,10 +5,10 @@ from collections import Counter
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from pipeline.clean.extract import decode_html_detailed, read_warc_payload
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage
-from pipeline.crawl.content import looks_binary
+from pipeline.documents.content import looks_binary
+from pipeline.documents.extract import decode_html_detailed, read_warc_payload
 from tests.crawl.support import crawl_config, path_of, read_index, row_for
 from tests.crawl.testsite import TestSite
 
@@ -112,7 +112,7 @@ def test_warc_records_read_back_and_match_the_index(crawled):
 
 
 def test_clean_reads_and_repairs_what_the_crawler_stored(crawled):
-    """The crawl stores raw bodies; decoding and charset repair happen in pipeline.clean.extract."""
+    """The crawl stores raw bodies; decoding and charset repair happen in pipeline.documents.extract."""
     _, output, _, rows = crawled
 
     def payload(path):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.config import ConfigError
 from pipeline.crawl.sharding import check_shard, shard_ids, shard_name, shard_of, shard_ref, split_seeds
-from pipeline.crawl.urls import registered_domain
+from pipeline.documents.urls import registered_domain
 from tests.conftest import make_config
 
 labels = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=10)

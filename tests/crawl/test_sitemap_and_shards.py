@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from pipeline.clean.extract import read_warc_payload
 from pipeline.core.storage import DatasetRef
 from pipeline.crawl import stage
 from pipeline.crawl.sharding import shard_of, shard_ref
+from pipeline.documents.extract import read_warc_payload
 from tests.crawl.support import LOCAL_CRAWL, crawl_config, path_of, read_index, row_for
 from tests.crawl.testsite import TestSite
 

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.crawl.urls import MAX_URL_LENGTH, InvalidURL, canonical_url, fetchable_url, registered_domain
+from pipeline.documents.urls import (
+    MAX_URL_LENGTH,
+    InvalidURL,
+    canonical_url,
+    fetchable_url,
+    registered_domain,
+)
 
 hosts = st.sampled_from(
     ["example.com", "www.example.co.uk", "blog.example.org", "127.0.0.1", "[::1]", "bücher.de"]

@@ -17,7 +17,7 @@ from pipeline.data.loader import (
     build_train_loader,
     token_budget_batches,
 )
-from pipeline.tokenization.shards import ShardFormatError, ShardWriter
+from pipeline.data.shards import ShardFormatError, ShardWriter
 from tests.conftest import make_config
 
 

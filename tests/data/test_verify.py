@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.manifest import DamagedInputError, write_published
 from pipeline.data.verify import verify_token_shards
-from pipeline.tokenization.shards import ShardFormatError, ShardWriter
+from pipeline.data.shards import ShardFormatError, ShardWriter
 from tests.train.support import train_config, write_token_corpus
 
 SNAPSHOT = "verify"

@@ -148,7 +148,7 @@ def test_the_ascii_fast_path_normalises_exactly_as_dedup_does(texts):
     import pyarrow as pa
 
     from pipeline.decontaminate.ngrams import normalize_words
-    from pipeline.dedup.minhash import normalize_for_dedup
+    from pipeline.documents.shingles import normalize_for_dedup
 
     assert normalize_words(texts).to_pylist() == normalize_for_dedup(pa.array(texts, pa.string())).to_pylist()
 
@@ -166,7 +166,7 @@ def test_word_spans_are_the_words_dedup_normalisation_makes(text):
     normalize_for_dedup's, a document that shares an n-gram was dropped instead of cut."""
     import pyarrow as pa
 
-    from pipeline.dedup.minhash import normalize_for_dedup
+    from pipeline.documents.shingles import normalize_for_dedup
 
     words, spans = word_spans(text)
     assert " ".join(words) == normalize_for_dedup(pa.array([text], pa.string()))[0].as_py()

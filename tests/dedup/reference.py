@@ -1,4 +1,5 @@
-"""Plain-Python references written from the spec in pipeline/dedup/minhash.py, one character at a time.
+"""Plain-Python references written from the specs in pipeline/documents/shingles.py and pipeline/dedup/minhash.py,
+one character at a time.
 
 They share no code with the vectorised implementation (no Arrow regex, no numpy): Python's unicodedata
 for tokens, Python ints for the 64-bit arithmetic, sets for Jaccard, union-find for components.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from pipeline.dedup.minhash import LENGTH_SALT, POLY_BASE
+from pipeline.documents.shingles import LENGTH_SALT, POLY_BASE
 
 M64 = (1 << 64) - 1
 # The scripts tests draw from: CJK Unified Ideographs, Hiragana, Katakana (the prolonged sound mark

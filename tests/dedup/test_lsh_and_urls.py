@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from scipy.integrate import quad
 
 from pipeline.core.config import ConfigError
-from pipeline.crawl.urls import InvalidURL, canonical_url
 from pipeline.dedup import lsh
 from pipeline.dedup.job import minhasher
 from pipeline.dedup.urls import page_key
+from pipeline.documents.urls import InvalidURL, canonical_url
 from tests.conftest import make_config
 
 

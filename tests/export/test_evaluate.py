@@ -84,7 +84,7 @@ def test_lm_eval_on_the_export_agrees_with_our_model_on_every_choice(tmp_path, m
     from pipeline.evaluate.__main__ import main as evaluate_main
     from pipeline.evaluate.harness import TASK, choice_loglikelihoods, multiple_choice_accuracy
     from pipeline.export.__main__ import main as export_main
-    from pipeline.export.trained import TrainedRun
+    from pipeline.model.trained import TrainedRun
     from pipeline.train.trainer import train
     from tests.train.support import single_process, train_config, write_config, write_token_corpus
 

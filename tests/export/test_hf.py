@@ -10,13 +10,13 @@ import torch
 
 from pipeline.export.hf import (
     ExportError,
-    SpecialTokens,
     architecture,
     build_hf_model,
     interleave_rope_rows,
 )
 from pipeline.model.config import PRESETS, model_config
 from pipeline.model.gpt import GPT, apply_rope
+from pipeline.model.trained import SpecialTokens
 
 # fp32 on CPU: only the order of summation differs (measured <= 1e-6 on these shapes).
 TOLERANCE = 1e-4

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.clean import job as clean_job
-from pipeline.clean.extract import EXTRACTED_SCHEMA
 from pipeline.cli import main
 from pipeline.core.manifest import sha256_file
 from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.dedup import job as dedup_job
+from pipeline.documents.extract import EXTRACTED_SCHEMA
 from pipeline.ingest import job as ingest_job
 from pipeline.ingest.sources import HF_DATASET_METADATA
 from pipeline.tokenization import job as tokenize_job

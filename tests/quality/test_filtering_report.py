@@ -103,7 +103,7 @@ def test_without_the_stages_the_shares_are_not_judged(tmp_path):
 
 
 def test_the_report_shows_each_model_and_set(tmp_path):
-    from pipeline.classify.plots import plot_scores
+    from pipeline.documents.plots import plot_scores
 
     details = filtering_details(chain(tmp_path))
     assert details["classifiers"]["wiki"]["cut"]["target"] == 45

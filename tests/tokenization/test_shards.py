@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.tokenization.shards import (
+from pipeline.data.shards import (
     INDEX_MAGIC,
     RollingShardWriter,
     Shard,

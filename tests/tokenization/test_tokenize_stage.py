@@ -9,8 +9,8 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.core.storage import DatasetRef, StageOutput
+from pipeline.data.shards import Shard, shard_prefixes
 from pipeline.tokenization import job as tokenize_job
-from pipeline.tokenization.shards import Shard, shard_prefixes
 from tests.conftest import make_config
 
 

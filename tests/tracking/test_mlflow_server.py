@@ -341,6 +341,6 @@ def test_evaluation_breaks_the_held_out_loss_down_and_the_generate_command_stops
 
 
 def load_model_from(train: DatasetRef):
-    from pipeline.export.trained import TrainedRun
+    from pipeline.model.trained import TrainedRun
 
     return TrainedRun.of(train).model()

@@ -435,8 +435,9 @@ def test_two_torchrun_agents_run_the_two_stages_and_match_one_agent(one_f_one_b,
 def test_a_pipeline_run_leaves_one_whole_model_for_export(one_f_one_b):
     """The manifest's checkpoint is rank 0's part; whole_model_checkpoint merges every rank's part of that step
     into the unsplit model (loaded strictly), which exports to transformers with our logits."""
-    from pipeline.export.hf import SpecialTokens, build_hf_model
+    from pipeline.export.hf import build_hf_model
     from pipeline.model.checkpoint import model_from_state, whole_model_checkpoint
+    from pipeline.model.trained import SpecialTokens
 
     _, _, shards, manifest = one_f_one_b
     state = whole_model_checkpoint(Path(manifest.path) / manifest.extra["checkpoint"])

@@ -32,11 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.classify.config import ClassifierTrainingConfig, TextSource
+from pipeline.classify.config import ClassifierTrainingConfig
 from pipeline.classify.metrics import binary_metrics, plot_calibration, plot_score_histogram
 from pipeline.classify.models import EMBEDDING_FILE, FASTTEXT_FILE, EmbeddingClassifier, fasttext_scores
 from pipeline.classify.preprocess import preprocessor
-from pipeline.classify.sources import (
+from pipeline.config import PipelineConfig
+from pipeline.core.config import ConfigError
+from pipeline.core.manifest import Manifest, sha256_file
+from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
+from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
+from pipeline.documents.config import TextSource
+from pipeline.documents.sources import (
     first_unusable_line,
     local_file,
     read_text_source,
@@ -44,11 +50,6 @@ from pipeline.classify.sources import (
     stage_documents,
     usable,
 )
-from pipeline.config import PipelineConfig
-from pipeline.core.config import ConfigError
-from pipeline.core.manifest import Manifest, sha256_file
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
-from pipeline.core.storage import DatasetRef, StageFailure, StageOutput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.clean.filters import c4, fineweb, gopher_quality, gopher_repetition
-from pipeline.clean.filters.rules import Rule, first_failing
 from pipeline.clean.words import SEGMENTED_LANGUAGES, shared_tokenizers
+from pipeline.documents.rules import Rule, first_failing
 
 FILTERS = (gopher_repetition, gopher_quality, c4, fineweb)
 SIGNALS = pa.struct([(module.NAME, module.SIGNALS) for module in FILTERS])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.clean.filters.rules import Rule, per_language
+from pipeline.documents.rules import Rule, per_language
 
 NAME = "c4"
 CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from pipeline.clean.filters.gopher_repetition import find_duplicates
 from pipeline.clean.filters.punctuation import TERMINAL_PUNCTUATION
-from pipeline.clean.filters.rules import Rule, per_language
+from pipeline.documents.rules import Rule, per_language
 
 NAME = "fineweb"
 SIGNALS = pa.struct(

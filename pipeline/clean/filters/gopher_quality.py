@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from pipeline.clean.filters.punctuation import PUNCTUATION_SET
-from pipeline.clean.filters.rules import Rule, per_language
+from pipeline.documents.rules import Rule, per_language
 
 NAME = "gopher_quality"
 SIGNALS = pa.struct(

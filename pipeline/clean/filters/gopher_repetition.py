@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.clean.filters.rules import Rule, per_language
+from pipeline.documents.rules import Rule, per_language
 
 NAME = "gopher_repetition"
 TOP_NGRAMS = (2, 3, 4)

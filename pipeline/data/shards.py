@@ -41,6 +41,10 @@ DTYPE_CODES: dict[np.dtype, int] = {
 }
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MAX_SEQUENCE_TOKENS = np.iinfo(np.int32).max  # lengths are int32 in the index
+# Who each validation document is, beside its shard (``<shard>.docs.parquet``), so an evaluation can break
+# the loss down by host and language; the train split, far larger, has none.
+DESCRIBED_SPLIT = "validation"
+DOCUMENTS_SUFFIX = ".docs.parquet"
 
 
 class ShardFormatError(DamagedInputError):

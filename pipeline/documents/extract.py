@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.clean.normalize import strip_terminal_escapes
+from pipeline.documents.normalize import strip_terminal_escapes
 
 EXTRACTED_SCHEMA = pa.schema(
     [
@@ -181,7 +181,7 @@ class ExtractedPage:
 
 def extract_page(payload: bytes, content_type: str | None, url: str | None) -> ExtractedPage:
     """One HTTP response body to its main text: the crawl's pages and ingested WARC records alike."""
-    from pipeline.crawl.content import looks_binary
+    from pipeline.documents.content import looks_binary
 
     if looks_binary(payload):
         return ExtractedPage(None, "binary_content", None, None)

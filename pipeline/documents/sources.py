@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-from pipeline.classify.config import TextSource
 from pipeline.core.config import ConfigError
 from pipeline.core.spark import map_in_arrow
 from pipeline.core.storage import DatasetRef
+from pipeline.documents.config import TextSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -10,7 +10,19 @@ from typing import Any
 
 from pipeline.core.manifest import Manifest, upstream_manifests
 from pipeline.core.storage import DatasetRef, StageFailure
-from pipeline.export.hf import SpecialTokens
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The token ids a trained model's tokenizer reserves, as its tokenize output recorded them."""
+
+    eos_id: int
+    pad_id: int | None
+    bos_id: int | None = None  # documents start after an end-of-text, so by default bos is eos
+
+    @property
+    def bos(self) -> int:
+        return self.eos_id if self.bos_id is None else self.bos_id
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""A filtering stage's decision written as its output: the kept rows in ``documents/``, the dropped ones with
+their reason in ``excluded/``.
+
+Every stage that keeps some documents and sets the others aside (ingest, clean, dedup, classify,
+decontaminate) writes through ``write_split``, so the two folders are laid out, ordered and counted one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.core.spark import write_parquet
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+DOCUMENTS = "documents"
+EXCLUDED = "excluded"
+
+
+def write_split(
+    decided: DataFrame,
+    path: Path,
+    num_files: int,
+    *,
+    reason: str = "drop_reason",
+    document_columns: Sequence[str] | None = None,
+    excluded_columns: Sequence[str | Column] | None = None,
+    kept_rows: int | None = None,
+    excluded_rows: int | None = None,
+    tiebreak: tuple[str, ...] = (),
+) -> tuple[int, int]:
+    """Write ``decided`` into ``path/documents`` (rows whose ``reason`` is null) and ``path/excluded`` (the
+    others); returns (kept, excluded) row counts.
+
+    ``document_columns``: the columns a kept document has (default: all but ``reason``).
+    ``excluded_columns``: the columns (or expressions) of an excluded row (default: all of them).
+    ``kept_rows``/``excluded_rows``: counts the caller already has, so an empty side is written without a
+    Spark job. ``tiebreak`` orders rows that share an id (see ``write_parquet``).
+    """
+    from pyspark.sql import functions as F
+
+    if document_columns is None:
+        document_columns = [name for name in decided.columns if name != reason]
+    kept = write_parquet(
+        decided.where(F.col(reason).isNull()).select(*document_columns),
+        path / DOCUMENTS,
+        num_files,
+        tiebreak=tiebreak,
+        known_rows=kept_rows,
+    )
+    excluded_frame = decided.where(F.col(reason).isNotNull())
+    if excluded_columns is not None:
+        excluded_frame = excluded_frame.select(*excluded_columns)
+    excluded = write_parquet(
+        excluded_frame, path / EXCLUDED, num_files, tiebreak=tiebreak, known_rows=excluded_rows
+    )
+    return kept, excluded
