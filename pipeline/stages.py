@@ -211,7 +211,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="training",
         help="complete the training run in MLflow (metrics, plots, samples) and register the exported model",
-        run="pipeline.tracking.mlflow_report:run",
+        run="pipeline.report.mlflow_report:run",
         per_run=True,
         sections={"tracking": "pipeline.tracking.config:TrackingConfig"},
     ),

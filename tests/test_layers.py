@@ -38,12 +38,12 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.classify": STAGE_BASE | {"pipeline.embeddings", "pipeline.clean"},
     "pipeline.decontaminate": STAGE_BASE | {"pipeline.classify", "pipeline.dedup"},
     "pipeline.tokenization": STAGE_BASE,
-    "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.model"},
+    "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config"},
     "pipeline.train": STAGE_BASE | {"pipeline.data", "pipeline.model", "pipeline.tracking"},
     "pipeline.export": STAGE_BASE | {"pipeline.model"},
     "pipeline.evaluate": STAGE_BASE
     | {"pipeline.data", "pipeline.export", "pipeline.model", "pipeline.tokenization"},
-    "pipeline.report": STAGE_BASE | {"pipeline.tracking"},
+    "pipeline.report": STAGE_BASE | {"pipeline.model", "pipeline.tracking"},
     # Ablations drive whole stage chains and training, then score the trained models; the reference check
     # applies decontamination's own n-gram rule (its normalisation and short-document rule).
     "pipeline.ablate": STAGE_BASE

@@ -62,7 +62,9 @@ def test_each_stage_owns_its_config_sections_and_the_tree_holds_them_all():
 
 @pytest.mark.parametrize("entry", STAGES, ids=lambda entry: entry.name)
 def test_the_registry_names_each_stages_run_function(entry):
-    """What the entrypoint and the ablation runner call: ``run(config, inputs, output)``."""
+    """What the entrypoint and the ablation runner call: ``run(config, inputs, output)``, in the stage's own
+    package."""
+    assert entry.run.startswith(f"{entry.package}."), entry.run
     run = entry.run_function()
     assert callable(run) and list(inspect.signature(run).parameters) == ["config", "inputs", "output"]
 
