@@ -79,7 +79,7 @@ def start_logging(config: PipelineConfig, component: str, rank: int | None = Non
     log_file = setup_logging(config, component, rank=rank)
     if config.logging.ship_in_process:
         # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).
-        from pipeline.tracking.log_shipper import start_background_shipper
+        from pipeline.logshipping.log_shipper import start_background_shipper
 
         start_background_shipper(config)
     return log_file

@@ -26,7 +26,13 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.embeddings": {"pipeline.core"},
     "pipeline.data": {"pipeline.core", "pipeline.tokenization"},
     "pipeline.config": {"pipeline.core", "pipeline.stages", "pipeline.model", "pipeline.train"},
-    "pipeline.entrypoint": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.tracking"},
+    "pipeline.entrypoint": {
+        "pipeline.core",
+        "pipeline.stages",
+        "pipeline.config",
+        "pipeline.logshipping",
+        "pipeline.tracking",
+    },
     "pipeline.cli": {"pipeline.core", "pipeline.stages"},
     "pipeline.config_cli": {"pipeline.core", "pipeline.entrypoint"},
     "pipeline.demo": {"pipeline.core", "pipeline.stages", "pipeline.config"},
@@ -39,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.decontaminate": STAGE_BASE | {"pipeline.classify", "pipeline.dedup"},
     "pipeline.tokenization": STAGE_BASE,
     "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config"},
+    "pipeline.logshipping": {"pipeline.core", "pipeline.config"},
     "pipeline.train": STAGE_BASE | {"pipeline.data", "pipeline.model", "pipeline.tracking"},
     "pipeline.export": STAGE_BASE | {"pipeline.model"},
     "pipeline.evaluate": STAGE_BASE
