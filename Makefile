@@ -104,7 +104,7 @@ test-fast: $(STAMP) lint
 # Credentials: ELASTICSEARCH_API_KEY, or ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD.
 es-test: $(STAMP)
 	@test -n "$(ELASTICSEARCH_URL)" || { echo "es-test needs ELASTICSEARCH_URL=http(s)://host:9200" >&2; exit 2; }
-	ELASTICSEARCH_URL="$(ELASTICSEARCH_URL)" $(BIN)/python -m pytest tests/tracking/test_log_shipper.py
+	ELASTICSEARCH_URL="$(ELASTICSEARCH_URL)" $(BIN)/python -m pytest tests/logshipping/test_log_shipper.py
 
 clean-data:
 	rm -rf data .airflow

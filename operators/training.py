@@ -270,4 +270,4 @@ def resolve_training_run(
     folder.mkdir(parents=True, exist_ok=True)
     path = Path(folder) / CONFIG_FILE
     path.write_text(config.to_yaml())
-    return {"snapshot": snapshot, "config_path": str(path), "config_hash": config.hash}
+    return {"snapshot": snapshot, "config_path": str(path)}

@@ -21,7 +21,7 @@ TOOLS: dict[str, tuple[str, str]] = {
         "import a tokenizer.json / transformers folder, list the stored ones",
     ),
     "ship-logs": (
-        "pipeline.tracking.log_shipper",
+        "pipeline.logshipping.log_shipper",
         "send the ECS log files to Elasticsearch (spools while it is unreachable; --follow to keep going)",
     ),
     "tensorboard": (

@@ -79,7 +79,7 @@ def start_logging(config: PipelineConfig, component: str, rank: int | None = Non
     log_file = setup_logging(config, component, rank=rank)
     if config.logging.ship_in_process:
         # Optional: ship to Elasticsearch from this process too (`pretrain ship-logs` is the other way).
-        from pipeline.tracking.log_shipper import start_background_shipper
+        from pipeline.logshipping.log_shipper import start_background_shipper
 
         start_background_shipper(config)
     return log_file
@@ -101,7 +101,7 @@ def stage_main(
     *,
     stage: str,
     description: str,
-    run: Callable,
+    run: Callable | None = None,
     component: str | None = None,
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
     as_overrides: Callable[[argparse.Namespace], list[str]] | None = None,
@@ -111,7 +111,8 @@ def stage_main(
     """The shared body of every `python -m pipeline.<package>` entrypoint.
 
     Parses --config/--set/--snapshot (and --input-stage, defaulting to the stage the registry says it
-    reads), sets up logging, calls ``run(config, inputs, output)`` inside an MLflow stage run
+    reads), sets up logging, calls the stage's ``run(config, inputs, output)`` (the registry's; a test may
+    pass its own) inside an MLflow stage run
     (``pipeline.tracking.mlflow_runs``) and prints the published output folder. A stage's own options
     (``add_arguments``) are shorthands for config keys (``as_overrides``), under any explicit ``--set``.
     A stage that keeps one output per run writes the run ``name_run(config, snapshot, inputs)`` says,
@@ -123,6 +124,8 @@ def stage_main(
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
+    if run is None:
+        run = registered_stage(stage).run_function()  # after --help, which needs none of Spark or torch
     if as_overrides is not None:
         args.overrides = [*as_overrides(args), *args.overrides]
     config, snapshot = resolve(args)

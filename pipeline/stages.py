@@ -3,17 +3,19 @@
 A stage reads the outputs of the stages it names in ``reads`` under ``<data_root>/<corpus>/<stage>/<snapshot>/``
 (``.../<snapshot>/<run>/`` for the per-run training stages) and writes its own. It imports no stage package (its config sections are named by where they live), so anything may read it.
 Everything that needs the pipeline's shape reads it from here: `pretrain --help` and its
-subcommands, each ``python -m pipeline.<package>`` entrypoint (its default inputs), the config tree (each
+subcommands, each ``python -m pipeline.<package>`` entrypoint (its default inputs and the run function it
+calls), the ablation runner (the same run functions, in-process), the config tree (each
 stage's sections), the Airflow operators (how a stage runs) and the DAGs (which tasks, in which order).
 Adding a stage is one entry below.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Runner = Literal["python", "spark", "torchrun"]
 Group = Literal["corpus", "training"]
@@ -31,6 +33,9 @@ class Stage:
         Group  # corpus: made from a crawl (corpus_crawl) or files (corpus_from_files); training: by pretrain
     )
     help: str
+    # Its ``run(config, inputs, output) -> Manifest``, by where it lives ("package.module:function"): the
+    # entrypoint, the ablation runner and anything else that runs a stage in-process read it from here.
+    run: str
     # The config sections it owns, by where their classes live ("package.module:Class"): the registry names
     # them without importing any stage package; pipeline.config imports them to assemble the tree.
     sections: Mapping[str, str] = field(default_factory=dict)
@@ -49,6 +54,12 @@ class Stage:
     def default_input(self) -> str | None:
         return self.reads[0] if self.reads else None
 
+    def run_function(self) -> Callable[..., Any]:
+        """The stage's ``run(config, inputs, output) -> Manifest``, imported on first use."""
+        module, _, name = self.run.partition(":")
+        function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        return function
+
     def application_file(self) -> str:
         """The file spark-submit runs: the stage's ``__main__.py``."""
         spec = importlib.util.find_spec(self.entrypoint)
@@ -65,6 +76,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="corpus",
         help="crawl seed URLs (default: the bundled sample site) into WARC + fetch index",
+        run="pipeline.crawl.stage:run",
         sections={"crawl": "pipeline.crawl.config:CrawlConfig"},
     ),
     Stage(
@@ -74,6 +86,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: existing corpora (WARC/WET, JSONL, Parquet, Arrow) into clean's input; then clean --input-stage ingest",
+        run="pipeline.ingest.job:run",
         sections={"ingest": "pipeline.ingest.config:IngestConfig"},
     ),
     Stage(
@@ -83,6 +96,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: extract main text, normalise, language id, FineWeb-recipe filters, PII redaction",
+        run="pipeline.clean.job:run",
         sections={"clean": "pipeline.clean.config:CleanConfig"},
     ),
     Stage(
@@ -92,6 +106,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: URL, exact and MinHash-LSH near-duplicate removal",
+        run="pipeline.dedup.job:run",
         sections={"dedup": "pipeline.dedup.config:DedupConfig"},
     ),
     Stage(
@@ -102,6 +117,7 @@ STAGES: tuple[Stage, ...] = (
         group="corpus",
         help="Spark + fastText: train a quality classifier from reference text against a corpus sample "
         "(or labelled scores); --snapshot names the model",
+        run="pipeline.classify.training.job:run",
         sections={"classifier": "pipeline.classify.config:ClassifierTrainingConfig"},
         artifacts=("model.bin", "model.json", "metrics.json", "plots"),
     ),
@@ -112,6 +128,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: a score column per classifier (any fastText .bin, or a trained one), keep a threshold or top fraction",
+        run="pipeline.classify.job:run",
         sections={"classify": "pipeline.classify.config:ClassifyConfig"},
     ),
     Stage(
@@ -121,6 +138,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="Spark: drop (or cut) documents sharing a 13-gram with evaluation sets (held-out, lm-eval, files)",
+        run="pipeline.decontaminate.job:run",
         sections={"decontaminate": "pipeline.decontaminate.config:DecontaminateConfig"},
     ),
     Stage(
@@ -130,6 +148,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="data-quality report on the finished documents: report.html, metrics.json, plots",
+        run="pipeline.quality.report:run",
         sections={"quality": "pipeline.quality.config:QualityConfig"},
         report=True,
         artifacts=("report.html", "metrics.json", "plots"),
@@ -141,6 +160,7 @@ STAGES: tuple[Stage, ...] = (
         runner="spark",
         group="corpus",
         help="encode the finished documents into token shards with the corpus's shared tokenizer",
+        run="pipeline.tokenization.job:run",
         sections={
             "tokenizer": "pipeline.tokenization.config:TokenizerConfig",
             "tokenize": "pipeline.tokenization.config:TokenizeConfig",
@@ -153,6 +173,7 @@ STAGES: tuple[Stage, ...] = (
         runner="torchrun",
         group="training",
         help="train the model on token shards with torchrun (DDP / ZeRO-1); launches torchrun for you",
+        run="pipeline.train.launch:run",
         per_run=True,
         sections={
             "data": "pipeline.data.config:DataConfig",
@@ -168,6 +189,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="training",
         help="the trained model as a Hugging Face folder (safetensors, config, tokenizer, model card)",
+        run="pipeline.export.job:run",
         per_run=True,
         sections={"export": "pipeline.export.config:ExportConfig"},
     ),
@@ -178,6 +200,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="training",
         help="held-out loss by host and language, greedy continuations, lm-evaluation-harness on the export",
+        run="pipeline.evaluate.job:run",
         per_run=True,
         sections={"evaluate": "pipeline.evaluate.config:EvaluateConfig"},
     ),
@@ -188,6 +211,7 @@ STAGES: tuple[Stage, ...] = (
         runner="python",
         group="training",
         help="complete the training run in MLflow (metrics, plots, samples) and register the exported model",
+        run="pipeline.report.mlflow_report:run",
         per_run=True,
         sections={"tracking": "pipeline.tracking.config:TrackingConfig"},
     ),

@@ -35,7 +35,13 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.documents": {"pipeline.core", "pipeline.config"},
     "pipeline.data": {"pipeline.core", "pipeline.tokenization"},
     "pipeline.config": {"pipeline.core", "pipeline.stages", "pipeline.model", "pipeline.train"},
-    "pipeline.entrypoint": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.tracking"},
+    "pipeline.entrypoint": {
+        "pipeline.core",
+        "pipeline.stages",
+        "pipeline.config",
+        "pipeline.logshipping",
+        "pipeline.tracking",
+    },
     "pipeline.cli": {"pipeline.core", "pipeline.stages"},
     "pipeline.config_cli": {"pipeline.core", "pipeline.entrypoint"},
     "pipeline.demo": {"pipeline.core", "pipeline.stages", "pipeline.config"},
@@ -47,11 +53,12 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline.classify": STAGE_BASE | {"pipeline.embeddings"},
     "pipeline.decontaminate": STAGE_BASE,
     "pipeline.tokenization": STAGE_BASE | {"pipeline.data"},
-    "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config", "pipeline.model"},
+    "pipeline.tracking": {"pipeline.core", "pipeline.stages", "pipeline.config"},
+    "pipeline.logshipping": {"pipeline.core", "pipeline.config"},
     "pipeline.train": STAGE_BASE | {"pipeline.data", "pipeline.model", "pipeline.tracking"},
     "pipeline.export": STAGE_BASE | {"pipeline.model"},
     "pipeline.evaluate": STAGE_BASE | {"pipeline.data", "pipeline.model"},
-    "pipeline.report": STAGE_BASE | {"pipeline.tracking"},
+    "pipeline.report": STAGE_BASE | {"pipeline.model", "pipeline.tracking"},
     # Ablations drive whole stage chains and training, then score the trained models; the reference check
     # applies decontamination's own n-gram rule (its normalisation and short-document rule).
     "pipeline.ablate": STAGE_BASE

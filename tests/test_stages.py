@@ -5,6 +5,7 @@ the `pretrain` CLI, each stage's ``__main__``, the config tree, and the layering
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import shutil
 import subprocess
@@ -59,8 +60,25 @@ def test_each_stage_owns_its_config_sections_and_the_tree_holds_them_all():
     assert set(fields) == {"project", "spark", "logging", *config_sections()}
 
 
+@pytest.mark.parametrize("entry", STAGES, ids=lambda entry: entry.name)
+def test_the_registry_names_each_stages_run_function(entry):
+    """What the entrypoint and the ablation runner call: ``run(config, inputs, output)``, in the stage's own
+    package."""
+    assert entry.run.startswith(f"{entry.package}."), entry.run
+    run = entry.run_function()
+    assert callable(run) and list(inspect.signature(run).parameters) == ["config", "inputs", "output"]
+
+
 def test_the_registry_refuses_a_stage_that_reads_one_declared_after_it():
-    late = Stage(name="a", package="pipeline.crawl", reads=("b",), runner="python", group="corpus", help="")
+    late = Stage(
+        name="a",
+        package="pipeline.crawl",
+        reads=("b",),
+        runner="python",
+        group="corpus",
+        help="",
+        run="pipeline.crawl.stage:run",
+    )
     with pytest.raises(ValueError, match=r"reads \['b'\], which are not declared before it"):
         _checked((late,))
     with pytest.raises(ValueError, match="declared twice"):

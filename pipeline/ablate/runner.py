@@ -12,7 +12,6 @@ resumes from its newest checkpoint through the trainer's own resume).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -61,9 +60,9 @@ class Progress:
 
 
 def stage_runner(name: str) -> Callable[[PipelineConfig, list[DatasetRef], DatasetRef], Manifest]:
-    """A corpus stage's ``run(config, inputs, output)`` (its ``<package>.job`` module, as each __main__ uses)."""
-    module = importlib.import_module(f"{registered_stage(name).package}.job")
-    run: Callable[[PipelineConfig, list[DatasetRef], DatasetRef], Manifest] = module.run
+    """A corpus stage's ``run(config, inputs, output)``, as the registry names it."""
+    run: Callable[[PipelineConfig, list[DatasetRef], DatasetRef], Manifest]
+    run = registered_stage(name).run_function()
     return run
 
 

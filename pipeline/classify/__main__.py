@@ -23,10 +23,10 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.classify.job import ClassifyInputError, run
+    from pipeline.classify.job import ClassifyInputError
 
     try:
-        return stage_main(argv, stage="classify", description=__doc__, run=run)
+        return stage_main(argv, stage="classify", description=__doc__)
     except ClassifyInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,9 +13,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.clean.job import run
-
-    return stage_main(argv, stage="clean", description=__doc__, run=run)
+    return stage_main(argv, stage="clean", description=__doc__)
 
 
 if __name__ == "__main__":

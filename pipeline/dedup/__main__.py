@@ -19,10 +19,10 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.dedup.job import DedupInputError, run
+    from pipeline.dedup.job import DedupInputError
 
     try:
-        return stage_main(argv, stage="dedup", description=__doc__, run=run)
+        return stage_main(argv, stage="dedup", description=__doc__)
     except DedupInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

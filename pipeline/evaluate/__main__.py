@@ -12,9 +12,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.evaluate.job import run
-
-    return stage_main(argv, stage="evaluate", description=__doc__, run=run)
+    return stage_main(argv, stage="evaluate", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,10 @@ def as_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.ingest.job import run
-
     return stage_main(
         argv,
         stage="ingest",
         description=__doc__,
-        run=run,
         add_arguments=add_arguments,
         as_overrides=as_overrides,
     )

@@ -10,9 +10,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.quality.report import run
-
-    return stage_main(argv, stage="quality", description=__doc__, run=run)
+    return stage_main(argv, stage="quality", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.tracking.mlflow_report import run
-
-    return stage_main(argv, stage="report", description=__doc__, run=run)
+    return stage_main(argv, stage="report", description=__doc__)
 
 
 if __name__ == "__main__":

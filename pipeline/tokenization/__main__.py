@@ -16,9 +16,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.tokenization.job import run
-
-    return stage_main(argv, stage="tokenize", description=__doc__, run=run)
+    return stage_main(argv, stage="tokenize", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     is_worker = "RANK" in os.environ or "LOCAL_RANK" in os.environ or config.distributed.rank is not None
     if not is_worker:
         from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
-        from pipeline.train.launch import name_run, run, training_inputs
+        from pipeline.train.launch import name_run, training_inputs
 
         try:
             return stage_main(
                 argv,
                 stage="train",
                 description=__doc__,
-                run=run,
                 component="train-launcher",
                 name_run=name_run,
                 resolve_inputs=training_inputs,

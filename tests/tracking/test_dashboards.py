@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.tracking.es_index import ILM_POLICY, INDEX_TEMPLATE, ilm_policy, index_template
+from pipeline.logshipping.es_index import ILM_POLICY, INDEX_TEMPLATE, ilm_policy, index_template
 from pipeline.tracking.prometheus import SERIES, TrainingExporter
 
 STACK = Path(__file__).resolve().parents[2] / "docker" / "observability"
@@ -192,7 +192,7 @@ def test_compose_mounts_files_that_exist_and_elasticsearch_setup_matches_the_shi
     assert f"_ilm/policy/{ILM_POLICY}" in setup and f"_index_template/{INDEX_TEMPLATE}" in setup
     stored_policy = json.loads((STACK / "elasticsearch" / "ilm-policy.json").read_text())
     stored_template = json.loads((STACK / "elasticsearch" / "index-template.json").read_text())
-    regenerate = "regenerate with: python -m pipeline.tracking.es_index"
+    regenerate = "regenerate with: python -m pipeline.logshipping.es_index"
     assert stored_policy == {"policy": ilm_policy("30d")}, regenerate
     assert stored_template == index_template(), regenerate
 

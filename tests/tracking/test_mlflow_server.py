@@ -22,7 +22,7 @@ from pipeline.config import load_config
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.proc import kill_group
 from pipeline.core.storage import DatasetRef
-from pipeline.tracking.mlflow_report import load_model
+from pipeline.report.mlflow_report import load_model
 from pipeline.tracking.mlflow_runs import PARENT_TAG
 
 DAG_RUN = "manual__2026-11-29T10:00:00+00:00"

@@ -86,7 +86,7 @@ def test_a_sweep_of_concurrent_trainings_and_their_reports_keep_every_registered
     from pipeline.evaluate.__main__ import main as evaluate_main
     from pipeline.export.__main__ import main as export_main
     from pipeline.report.__main__ import main as report_main
-    from pipeline.tracking.mlflow_report import load_model
+    from pipeline.report.mlflow_report import load_model
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = train_config(

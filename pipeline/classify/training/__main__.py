@@ -21,9 +21,7 @@ from pipeline.entrypoint import stage_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.classify.training.job import run
-
-    return stage_main(argv, stage="train_classifier", description=__doc__, run=run)
+    return stage_main(argv, stage="train_classifier", description=__doc__)
 
 
 if __name__ == "__main__":

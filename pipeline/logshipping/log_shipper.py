@@ -264,7 +264,7 @@ class LogShipper:
         data_stream: str | None = None,
         **sink_options: Any,
     ) -> LogShipper:
-        from pipeline.tracking.es_index import ElasticsearchSink
+        from pipeline.logshipping.es_index import ElasticsearchSink
 
         url = url or elasticsearch_url(config)
         if not url:

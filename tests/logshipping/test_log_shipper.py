@@ -28,12 +28,12 @@ from elasticsearch import Elasticsearch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.tracking import log_shipper
-from pipeline.tracking.es_index import ILM_POLICY, INDEX_TEMPLATE, ElasticsearchSink
-from pipeline.tracking.log_shipper import LogShipper, Spool
-from tests.tracking.es_protocol import FakeElasticsearch, FaultProxy
-from tests.tracking.third_party_es import SETUP as THIRD_PARTY_SETUP
-from tests.tracking.third_party_es import NoidaElasticsearch
+from pipeline.logshipping import log_shipper
+from pipeline.logshipping.es_index import ILM_POLICY, INDEX_TEMPLATE, ElasticsearchSink
+from pipeline.logshipping.log_shipper import LogShipper, Spool
+from tests.logshipping.es_protocol import FakeElasticsearch, FaultProxy
+from tests.logshipping.third_party_es import SETUP as THIRD_PARTY_SETUP
+from tests.logshipping.third_party_es import NoidaElasticsearch
 
 REAL_CLUSTER = os.environ.get("ELASTICSEARCH_URL")
 

@@ -167,7 +167,7 @@ def save_registered_model(export_folder: Path, checkpoint_folder: Path, destinat
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    from pipeline.tracking import hf_generator
+    from pipeline.report import hf_generator
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per file in the task log
     hf_folder = destination.parent / hf_generator.ARTIFACT
