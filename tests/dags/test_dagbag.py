@@ -314,6 +314,7 @@ def test_a_new_registry_entry_joins_the_dags(monkeypatch):
         runner="spark",
         group="corpus",
         help="embedding-based near-duplicate removal",
+        run="pipeline.dedup.job:run",
     )
     entries = []
     for entry in stages.STAGES:
