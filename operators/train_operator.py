@@ -12,7 +12,7 @@ from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
-from pipeline.train.launch import name_run, train, training_inputs
+from pipeline.train.launcher.launch import name_run, train, training_inputs
 
 ON_FINISH = ("delete", "delete_succeeded", "keep")
 SETTINGS_VARIABLE = "pretrain_kubernetes"

@@ -259,7 +259,7 @@ def resolve_training_run(
     snapshot = params.get("snapshot") or event_extra.get("snapshot")
     if config.data.mixture:
         from pipeline.entrypoint import default_snapshot
-        from pipeline.train.launch import training_inputs
+        from pipeline.train.launcher.launch import training_inputs
 
         # With a mixture the snapshot only names the run's folder: the event's, or today's date.
         snapshot = snapshot or default_snapshot()

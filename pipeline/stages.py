@@ -173,7 +173,7 @@ STAGES: tuple[Stage, ...] = (
         runner="torchrun",
         group="training",
         help="train the model on token shards with torchrun (DDP / ZeRO-1); launches torchrun for you",
-        run="pipeline.train.launch:run",
+        run="pipeline.train.launcher.launch:run",
         per_run=True,
         sections={
             "data": "pipeline.data.config:DataConfig",

@@ -21,7 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.storage import DatasetRef
-from pipeline.train.faults import ENV_FAULT
+from pipeline.train.fault_injection import ENV_FAULT
 from pipeline.train.trainer import EXIT_STOPPED, train
 from tests.train.support import (
     finish,

@@ -269,7 +269,7 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
     """One training (skipped when complete) and its evaluation at every kept checkpoint (kept once done)."""
     from pipeline.model.checkpoint import Checkpointer
-    from pipeline.train.launch import train
+    from pipeline.train.launcher.launch import train
 
     progress = progress or Progress()
     config = training_config(plan, training, config_path, overrides)

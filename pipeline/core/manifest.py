@@ -24,7 +24,7 @@ class DamagedInputError(ValueError):
     """A file a stage reads does not parse, or does not match the size or digest its producer recorded.
 
     Reading it again gives the same bytes, so no restart can fix it: the failure is never retried
-    (``not_retried``, see pipeline.train.failures) and the CLI prints it as one line, naming the file, what
+    (``not_retried``, see pipeline.train.launcher.failures) and the CLI prints it as one line, naming the file, what
     was expected and what was found, and the stage to re-run.
     """
 

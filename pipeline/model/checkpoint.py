@@ -1,4 +1,6 @@
-"""The trained model on disk: the one checkpoint format, which training writes and every reader goes through.
+"""The checkpoint file format: the trained model on disk, which training writes and every reader (export,
+evaluation, inference) goes through. What a training checkpoint holds is decided by the trainer's
+``pipeline.train.components.checkpoint_manager``; this module only writes, verifies and reads the files.
 
 A training run's ``checkpoints/`` folder (``train/<snapshot>/<run>/checkpoints/``)::
 
@@ -21,7 +23,7 @@ only temporary files, removed on the next start. Every load verifies the checksu
 Readers: ``pipeline.model.inference.load_model(path)`` gives a ``GPT`` in eval mode from a checkpoint file, a
 checkpoints folder (its newest complete step) or a weights file (``save_weights``, what the registered MLflow
 model holds), and generates from it. Training registers its parts with
-``pipeline.train.components.checkpoint.CheckpointManager``, which writes through ``Checkpointer``.
+``pipeline.train.components.checkpoint_manager.CheckpointManager``, which writes through ``Checkpointer``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class CheckpointError(StageFailure):
     """No usable checkpoint where one was expected, one that does not fit this run, or a damaged file; the
     CLI prints it as one line."""
 
-    not_retried = True  # a restart finds the same checkpoints (pipeline.train.failures)
+    not_retried = True  # a restart finds the same checkpoints (pipeline.train.launcher.failures)
 
 
 def step_file(step: int) -> str:

@@ -405,7 +405,7 @@ class GPT(nn.Module):
 
         document_ids: per-token ids from packed data; a token attends only to earlier tokens with its id.
         cache: continue after the cache's positions, appending this call's keys and values to it.
-        A pipeline stage (pipeline.train.pipeline_parallel) lacks the embedding or the head: without the
+        A pipeline stage (pipeline.train.distributed.pipeline_parallel) lacks the embedding or the head: without the
         embedding input_ids is the previous stage's residual stream (batch, seq, hidden); without the head
         ``logits`` is this stage's residual stream. With fused_cross_entropy on and targets given, ``logits``
         is None (see GPTOutput).

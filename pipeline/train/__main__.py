@@ -24,7 +24,7 @@ import sys
 from pipeline.core.cli import run_cli
 from pipeline.core.proc import die_with_parent
 from pipeline.entrypoint import add_input_stage_argument, resolve, stage_main, stage_parser, start_logging
-from pipeline.train.failures import TORCHRUN_WORKER
+from pipeline.train.launcher.failures import TORCHRUN_WORKER
 
 log = logging.getLogger("pipeline.train")
 
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     config, snapshot = resolve(args)
     is_worker = "RANK" in os.environ or "LOCAL_RANK" in os.environ or config.distributed.rank is not None
     if not is_worker:
-        from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
-        from pipeline.train.launch import name_run, training_inputs
+        from pipeline.train.launcher.failures import EXIT_STOPPED, TrainingStopped
+        from pipeline.train.launcher.launch import name_run, training_inputs
 
         try:
             return stage_main(
@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <pid>` prints every thread's Python stack: the first look at a rank stuck in a collective.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     start_logging(config, "train", rank=rank)
-    from pipeline.train import faults
-    from pipeline.train.failures import rank_failed
+    from pipeline.train import fault_injection
+    from pipeline.train.launcher.failures import rank_failed
     from pipeline.train.trainer import EXIT_STOPPED, Trainer, TrainingStopped
 
     trainer = None
     try:
         trainer = Trainer(config, snapshot, args.input_stage)
-        faults.arm(trainer)  # the chaos tests' signal at a chosen step, when they ask for one
+        fault_injection.arm(trainer)  # the chaos tests' signal at a chosen step, when they ask for one
         trainer.run()
     except TrainingStopped as stopped:
         log.warning("%s", stopped)

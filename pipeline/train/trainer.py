@@ -49,7 +49,7 @@ from pipeline.model.checkpoint import (
 from pipeline.model.gpt import GPT
 from pipeline.model.inference import format_samples, generations
 from pipeline.train.components.amp import MixedPrecision
-from pipeline.train.components.checkpoint import (
+from pipeline.train.components.checkpoint_manager import (
     CheckpointManager,
     PerRankState,
     RNGState,
@@ -64,11 +64,11 @@ from pipeline.train.components.metrics import (
     router_metrics,
 )
 from pipeline.train.components.optimizer import OptimizerState, build_optimizer
-from pipeline.train.failures import EXIT_STOPPED, TrainingStopped
+from pipeline.train.distributed.parallelism import DataParallelism, Parallelism, StepLoss
+from pipeline.train.distributed.process_groups import DistributedContext, init_distributed
 from pipeline.train.host_memory import keep_freed_host_memory
-from pipeline.train.parallel import DistributedContext, init_distributed
-from pipeline.train.parallelism import DataParallelism, Parallelism, StepLoss
-from pipeline.train.runs import (
+from pipeline.train.launcher.failures import EXIT_STOPPED, TrainingStopped
+from pipeline.train.launcher.runs import (
     identity_differences,
     launched_run,
     record_run,
@@ -125,7 +125,7 @@ class Trainer(Stateful):
     how a step runs on them is the ``parallelism``'s business, so the step itself is the same for a single
     process, data parallelism and a pipeline. The trainer is itself a checkpoint part (``train_state``: step
     and tokens seen), as torchtitan's is. ``after_step`` holds callables run with the trainer after every
-    optimizer step (the fault injection of the chaos tests, ``pipeline.train.faults``).
+    optimizer step (the fault injection of the chaos tests, ``pipeline.train.fault_injection``).
     """
 
     config: PipelineConfig
@@ -653,7 +653,7 @@ def build_parallelism(
     seed_everything(config.project.seed)  # the same initial weights on every rank
     model = GPT(model_config).to(ctx.device)
     if config.train.pipeline_stages > 1:
-        from pipeline.train.pipeline_parallel import PipelineParallelism
+        from pipeline.train.distributed.pipeline_parallel import PipelineParallelism
 
         return PipelineParallelism(model, ctx, config, precision)
     return DataParallelism(model, ctx, config, precision)
@@ -696,10 +696,10 @@ def _truncate_metrics(path: Path, after_step: int) -> None:
 
 def train(config: PipelineConfig, snapshot: str, input_stage: str = "tokenize") -> Manifest | None:
     """Train in this process as its only rank (tests, benchmarks): the launcher's decision of the run
-    (``pipeline.train.launch.name_run``) first, then the trainer."""
-    from pipeline.train import faults
-    from pipeline.train.launch import name_run
+    (``pipeline.train.launcher.launch.name_run``) first, then the trainer."""
+    from pipeline.train import fault_injection
+    from pipeline.train.launcher.launch import name_run
 
     trainer = Trainer(config.with_run(name_run(config, snapshot)), snapshot, input_stage)
-    faults.arm(trainer)
+    fault_injection.arm(trainer)
     return trainer.run()

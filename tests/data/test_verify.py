@@ -85,7 +85,7 @@ def test_skipping_the_checksums_is_said_loudly(corpus, caplog):
 
 
 def test_a_bad_index_is_a_data_error_no_restart_can_fix():
-    from pipeline.train.failures import is_deterministic
+    from pipeline.train.launcher.failures import is_deterministic
 
     assert isinstance(ShardFormatError("x"), ValueError) and is_deterministic(ShardFormatError("x"))
     assert is_deterministic(DamagedInputError("x"))

@@ -26,7 +26,7 @@ from pipeline.data.shards import ShardWriter
 from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.config import TokenizerConfig
 from pipeline.tokenization.store import DIGEST_FILES
-from pipeline.train.launch import child_environment
+from pipeline.train.launcher.launch import child_environment
 
 WORDS = [
     "the",

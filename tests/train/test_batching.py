@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from pipeline.core.storage import DatasetRef
 from pipeline.data.loader import IGNORE_INDEX, build_train_loader
 from pipeline.model.gpt import GPT
-from pipeline.train.components.checkpoint import seed_everything
+from pipeline.train.components.checkpoint_manager import seed_everything
 from pipeline.train.trainer import build_model_config, train
 from tests.train.support import single_process, train_config, write_token_corpus
 

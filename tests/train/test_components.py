@@ -15,7 +15,7 @@ import torch
 
 from pipeline.model.checkpoint import Checkpointer, CheckpointError
 from pipeline.train.components.amp import MixedPrecision
-from pipeline.train.components.checkpoint import (
+from pipeline.train.components.checkpoint_manager import (
     CheckpointManager,
     PerRankState,
     RNGState,
@@ -24,10 +24,10 @@ from pipeline.train.components.checkpoint import (
 )
 from pipeline.train.components.lr_schedule import build_lr_scheduler
 from pipeline.train.components.metrics import Throughput, router_metrics
-from pipeline.train.compression import dequantize, quantize
 from pipeline.train.config import TrainConfig
-from pipeline.train.faults import Fault
-from pipeline.train.parallel import DistributedContext
+from pipeline.train.distributed.compression import dequantize, quantize
+from pipeline.train.distributed.process_groups import DistributedContext
+from pipeline.train.fault_injection import Fault
 
 
 def random_state(rng: np.random.Generator) -> dict:

@@ -43,7 +43,7 @@ def case_config(root: Path, case: str):
 
 
 def _int8_against_exact_mean(rank: int, world: int, out: Path) -> None:
-    from pipeline.train.compression import Int8Compression
+    from pipeline.train.distributed.compression import Int8Compression
 
     compression = Int8Compression(world)
     rng = np.random.default_rng(100 + rank)
@@ -72,7 +72,7 @@ def _int8_against_exact_mean(rank: int, world: int, out: Path) -> None:
 def _zero1_stopped_and_resumed(root: Path) -> None:
     """ZeRO-1 stopped by SIGTERM (rank 0 gets it) after step 12, then resumed: the sharded optimizer state
     goes through the consolidated checkpoint and back into the shards."""
-    from pipeline.train.faults import ENV_FAULT
+    from pipeline.train.fault_injection import ENV_FAULT
     from pipeline.train.trainer import TrainingStopped, train
 
     config = case_config(root / "resumed", "zero1")

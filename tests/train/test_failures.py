@@ -19,7 +19,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.proc import ChildFailedError
 from pipeline.core.storage import DatasetRef, MissingInputError
 from pipeline.model.checkpoint import CheckpointError
-from pipeline.train.failures import (
+from pipeline.train.launcher.failures import (
     EXIT_NOT_RETRIED,
     FailureRecord,
     TrainingFailed,

@@ -15,9 +15,9 @@ import pytest
 
 from pipeline.core.storage import DatasetRef
 from pipeline.model.checkpoint import Checkpointer
-from pipeline.train.failures import EXIT_STOPPED
-from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord
+from pipeline.train.fault_injection import ENV_FAULT
+from pipeline.train.launcher.failures import EXIT_STOPPED
+from pipeline.train.launcher.runs import RunRecord
 from tests.train.support import (
     finish,
     kill_tree,
@@ -130,7 +130,7 @@ def test_a_second_signal_during_the_agents_shutdown_leaves_no_worker_behind(tmp_
             [
                 sys.executable,
                 "-m",
-                "pipeline.train.agent",
+                "pipeline.train.launcher.agent",
                 "--standalone",
                 "--nproc-per-node=1",
                 "--shutdown-timeout=1",

@@ -11,8 +11,8 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
 from pipeline.data.blend import blending_schedule
-from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord
+from pipeline.train.fault_injection import ENV_FAULT
+from pipeline.train.launcher.runs import RunRecord
 from pipeline.train.trainer import TrainingStopped, train
 from tests.train.support import losses, single_process, train_config, unfinished_run, write_token_corpus
 

@@ -23,7 +23,12 @@ from pipeline.core.storage import DatasetRef
 from pipeline.model import model_config
 from pipeline.model.checkpoint import Checkpointer, CheckpointError, checkpoint_layout_problem, shard_folder
 from pipeline.model.gpt import GPT
-from pipeline.train.pipeline_parallel import balanced_split, full_name, stage_model, theoretical_bubble
+from pipeline.train.distributed.pipeline_parallel import (
+    balanced_split,
+    full_name,
+    stage_model,
+    theoretical_bubble,
+)
 from pipeline.train.trainer import train
 from tests.train.support import (
     finish,

@@ -10,8 +10,8 @@ import torch
 
 from pipeline.core.storage import DatasetRef
 from pipeline.model.checkpoint import Checkpointer, CheckpointError
-from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord, decide_run
+from pipeline.train.fault_injection import ENV_FAULT
+from pipeline.train.launcher.runs import RunRecord, decide_run
 from pipeline.train.trainer import Trainer, TrainingStopped, train
 from tests.train.support import losses, single_process, train_config, unfinished_run, write_token_corpus
 

@@ -11,8 +11,8 @@ import torch
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import LATEST, DatasetRef
-from pipeline.train.faults import ENV_FAULT
-from pipeline.train.runs import RunRecord, decide_run
+from pipeline.train.fault_injection import ENV_FAULT
+from pipeline.train.launcher.runs import RunRecord, decide_run
 from pipeline.train.trainer import Trainer, TrainingStopped, train
 from tests.train.support import (
     finish,

@@ -10,8 +10,8 @@ import torch
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
-from pipeline.train import launch
-from pipeline.train.launch import child_environment
+from pipeline.train.launcher import launch
+from pipeline.train.launcher.launch import child_environment
 from pipeline.train.threads import set_rank_threads
 from tests.train.support import single_process, train_config, write_token_corpus
 
@@ -44,7 +44,7 @@ def train_settings(tmp_path, *overrides):
 
 
 def test_one_process_on_two_usable_cores_gets_both(tmp_path, cores, caplog):
-    with caplog.at_level(logging.INFO, logger="pipeline.train.launch"):
+    with caplog.at_level(logging.INFO, logger="pipeline.train.launcher.launch"):
         env = child_environment(train_settings(tmp_path, "train.nproc_per_node=1"))
     assert env["OMP_NUM_THREADS"] == "2"
     assert caplog.text.count("2 thread(s) per rank (2 usable core(s) / 1 rank(s) on this node)") == 1

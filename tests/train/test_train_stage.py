@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.core.storage import DatasetRef
-from pipeline.train import launch
+from pipeline.train.launcher import launch
 
 
 @pytest.mark.slow

@@ -24,9 +24,9 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.proc import ChildFailedError, run_streaming
 from pipeline.core.storage import DatasetRef
 from pipeline.train.config import TrainConfig
-from pipeline.train.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
-from pipeline.train.faults import ENV_LAUNCHER_PID
-from pipeline.train.runs import decide_run, record_run
+from pipeline.train.fault_injection import ENV_LAUNCHER_PID
+from pipeline.train.launcher.failures import ENV_FAILURES, TrainingStopped, failure_summary, read_failures
+from pipeline.train.launcher.runs import decide_run, record_run
 from pipeline.train.threads import CHOSEN_BY_LAUNCHER, OMP_NUM_THREADS, threads_per_rank
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ DEFAULT_RDZV_ENDPOINT = "127.0.0.1:29400"
 def name_run(
     config: PipelineConfig, snapshot: str, inputs: Sequence[DatasetRef] = (), default: str | None = None
 ) -> str:
-    """The run this launcher trains, decided here once (``pipeline.train.runs.decide_run``) and handed to the
+    """The run this launcher trains, decided here once (``pipeline.train.launcher.runs.decide_run``) and handed to the
     ranks as ``train.run_id``. Every node of a multi-node training runs its own launcher, and they must all
     train one run, so there the config must name it."""
     if config.train.nnodes > 1 and config.train.run_id is None and default is None:
@@ -63,7 +63,7 @@ def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, i
     command = [
         sys.executable,
         "-m",
-        "pipeline.train.agent",  # torchrun (torch.distributed.run), one line instead of a traceback when stopped
+        "pipeline.train.launcher.agent",  # torchrun (torch.distributed.run), one line instead of a traceback when stopped
         f"--nproc-per-node={train.nproc_per_node}",
         f"--max-restarts={train.max_restarts}",
     ]
@@ -107,7 +107,7 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
             env[OMP_NUM_THREADS] = str(choice.threads)
             env[CHOSEN_BY_LAUNCHER] = choice.reason
         log.info("CPU threads: %s", choice)
-    # Each restart gets its own worker store (see pipeline.train.parallel._attempt_store for why).
+    # Each restart gets its own worker store (see pipeline.train.distributed.process_groups._attempt_store for why).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
@@ -184,7 +184,7 @@ def train(
 
 
 def prepare_failures_folder(config: PipelineConfig, snapshot: str, run: str) -> Path:
-    """Where this launch's ranks record their failures (``pipeline.train.failures``); emptied first."""
+    """Where this launch's ranks record their failures (``pipeline.train.launcher.failures``); emptied first."""
     folder = run_folder(config) / f"train-{snapshot}-{run}-failures"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

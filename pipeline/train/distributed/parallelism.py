@@ -11,7 +11,7 @@ whatever the parallelism:
 
 Two kinds exist: ``DataParallelism`` (one process, or DDP / ZeRO-1 over every rank, with optional gradient
 compression and ``torch.compile``), here, and ``PipelineParallelism`` (stages over a pp x dp mesh,
-``pipeline.train.pipeline_parallel``). ``pipeline.train.trainer.build_parallelism`` picks one from the config.
+``pipeline.train.distributed.pipeline_parallel``). ``pipeline.train.trainer.build_parallelism`` picks one from the config.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pipeline.config import PipelineConfig
 from pipeline.data.loader import IGNORE_INDEX, Batch
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
-from pipeline.train.compression import CompressionState, GradientCompression, build_compression
-from pipeline.train.parallel import DistributedContext, data_parallel, settle_buckets
+from pipeline.train.distributed.compression import CompressionState, GradientCompression, build_compression
+from pipeline.train.distributed.process_groups import DistributedContext, data_parallel, settle_buckets
 
 
 @dataclass

@@ -60,8 +60,8 @@ from pipeline.model.checkpoint import shard_folder
 from pipeline.model.config import GPTConfig
 from pipeline.model.gpt import GPT, training_loss
 from pipeline.train.components.amp import MixedPrecision
-from pipeline.train.parallel import DistributedContext, data_parallel
-from pipeline.train.parallelism import Parallelism, StepLoss, placeholder_batch
+from pipeline.train.distributed.parallelism import Parallelism, StepLoss, placeholder_batch
+from pipeline.train.distributed.process_groups import DistributedContext, data_parallel
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ class PipelineParallelism(Parallelism):
         self.pp.all_reduce(found_inf, op=dist.ReduceOp.MAX)
 
     def settle(self, placeholder: Batch) -> None:
-        """``parallel.settle_buckets`` for DDP stages: one throw-away forward/backward of each stage on its
+        """``process_groups.settle_buckets`` for DDP stages: one throw-away forward/backward of each stage on its
         own (no pipeline), RNG forked, gradients dropped. DDP lays its buckets out again after its first
         backward; left to the first step, GPipe's run of backwards without a forward between them records
         the gradient order m times over and DDP's rebuild fails."""

@@ -1,4 +1,5 @@
-"""The trainer's checkpoint: its stateful parts registered once, torchtitan-style, over the one file format.
+"""The trainer's save/resume component: which stateful parts a checkpoint holds, registered once
+(torchtitan-style), and handing each its state back on resume.
 
 ``CheckpointManager(folder, states={"model": model, "optimizer": ..., "dataloader": loader, ...})`` takes parts
 that implement ``torch.distributed.checkpoint.stateful.Stateful`` (``state_dict()`` / ``load_state_dict()``).
@@ -23,7 +24,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from pipeline.model.checkpoint import Checkpointer, CheckpointError
 
 if TYPE_CHECKING:
-    from pipeline.train.parallel import DistributedContext
+    from pipeline.train.distributed.process_groups import DistributedContext
 
 
 class CheckpointManager:

@@ -1,4 +1,4 @@
-"""torchrun as the launcher runs it: ``python -m pipeline.train.agent <torchrun arguments>``.
+"""torchrun as the launcher runs it: ``python -m pipeline.train.launcher.agent <torchrun arguments>``.
 
 The same agent (``torch.distributed.run.main``), except that
 
