@@ -40,9 +40,9 @@ from pipeline.config import load_config  # noqa: E402
 
 SNAPSHOT = "bench-pp"
 SCHEDULES = {
-    "gpipe": ["train.pipeline_schedule=gpipe"],
-    "1f1b": ["train.pipeline_schedule=1f1b"],
-    "interleaved_1f1b": ["train.pipeline_schedule=interleaved_1f1b", "train.stages_per_rank=2"],
+    "gpipe": ["train.pp_schedule=gpipe"],
+    "1f1b": ["train.pp_schedule=1f1b"],
+    "interleaved_1f1b": ["train.pp_schedule=interleaved_1f1b", "train.pp_virtual_stages=2"],
 }
 MICROBATCHES = (2, 4, 8)
 GUARD_S = 600  # a hang (gloo p2p, pytorch issue 132644) kills the run instead of blocking
@@ -72,7 +72,7 @@ def measure(config, steps: int) -> dict:
         trainer.train_step()
     trainer.ctx.barrier()
     elapsed = time.perf_counter() - started
-    bubble = parallelism.metrics() if trainer.train_config.pipeline_stages > 1 else {}
+    bubble = parallelism.metrics() if trainer.train_config.pp_degree > 1 else {}
     memory = trainer.ctx.gather_objects((state_bytes(trainer), psutil.Process().memory_info().rss))
     trainer.metrics.close("FINISHED")
     return {
@@ -80,9 +80,7 @@ def measure(config, steps: int) -> dict:
         "bubble_theory": bubble.get("pipeline/bubble_theory"),
         "bubble_measured": bubble.get("pipeline/bubble_measured"),
         "idle_fraction_per_rank": [
-            bubble[f"pipeline/idle_fraction/rank{r}"]
-            for r in range(trainer.train_config.pipeline_stages)
-            if bubble
+            bubble[f"pipeline/idle_fraction/rank{r}"] for r in range(trainer.train_config.pp_degree) if bubble
         ],
         "state_bytes_per_rank": [row[0] for row in memory or []],
         "peak_rss_mb_per_rank": [round(row[1] / 2**20, 1) for row in memory or []],
@@ -179,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             ).to_yaml()
         )
         pp_config = root / "pp.yaml"
-        pp_config.write_text(load_config(None, [*common, "train.pipeline_stages=2"], environ={}).to_yaml())
+        pp_config.write_text(load_config(None, [*common, "train.pp_degree=2"], environ={}).to_yaml())
 
         started = time.perf_counter()
         single = launch(root, "single", 1, single_config, {"single": []}, steps)["single"]
         rows = {}
         for schedule, overrides in SCHEDULES.items():
-            variants = {f"{schedule}-m{m}": [*overrides, f"train.microbatches={m}"] for m in MICROBATCHES}
+            variants = {f"{schedule}-m{m}": [*overrides, f"train.pp_microbatches={m}"] for m in MICROBATCHES}
             rows.update(launch(root, schedule, 2, pp_config, variants, steps))
         wall_s = time.perf_counter() - started
 

@@ -25,6 +25,7 @@ from pipeline.core.logs import run_folder
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import MissingInputError, local_path
 from pipeline.stages import training_input
+from pipeline.train.config import TrainConfig
 
 LAUNCHERS = ("local", "kubernetes")  # the training operator's: torchrun on the worker, or a Kubeflow job
 
@@ -63,26 +64,26 @@ TRAINING_FORM: tuple[FormField, ...] = (
         "torchrun processes per node, usually one per GPU.",
     ),
     FormField(
-        "pipeline_stages",
-        "Pipeline stages",
+        "pp_degree",
+        "Pipeline-parallel degree",
         "Parallelism",
-        "train.pipeline_stages",
+        "train.pp_degree",
         "Ranks the model is cut into by layers (pp; the other ranks are data parallel).",
     ),
     FormField(
-        "microbatches",
-        "Micro-batches",
+        "pp_microbatches",
+        "Pipeline micro-batches",
         "Parallelism",
-        "train.microbatches",
+        "train.pp_microbatches",
         "Micro-batches per step through the pipeline.",
     ),
-    FormField("pipeline_schedule", "Pipeline schedule", "Parallelism", "train.pipeline_schedule"),
+    FormField("pp_schedule", "Pipeline schedule", "Parallelism", "train.pp_schedule"),
     FormField(
-        "stages_per_rank",
-        "Stages per rank",
+        "pp_virtual_stages",
+        "Virtual stages per rank",
         "Parallelism",
-        "train.stages_per_rank",
-        "Virtual stages per rank (interleaved_1f1b needs 2 or more).",
+        "train.pp_virtual_stages",
+        "Virtual pipeline stages per rank (interleaved_1f1b needs 2 or more).",
     ),
     FormField(
         "mlflow_experiment",
@@ -196,6 +197,11 @@ def form_params() -> dict[str, dict[str, Any]]:
 
 def param_overrides(params: Mapping[str, Any]) -> list[str]:
     """The config overrides of a run's filled-in form fields; a field left empty keeps the config's value."""
+    names = {entry.name for entry in TRAINING_FORM}
+    for old, new in TrainConfig.renamed_keys.items():
+        # The fields are named after their keys; Airflow would pass a run's unknown conf key by unread.
+        if old in params and new in names:
+            raise ConfigError(f"form field {old!r} is now {new!r} (train.{new}); set that field instead")
     return [
         f"{entry.key}={params[entry.name]}"
         for entry in TRAINING_FORM

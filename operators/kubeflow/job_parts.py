@@ -222,12 +222,12 @@ def job_metadata(
     }
     annotations["pretrain.dev/config-hash"] = config.hash
     train = config.train
-    if train.pipeline_stages > 1:
+    if train.pp_degree > 1:
         # For whoever reads the job: the pods' ranks form pp x dp (the config in the pods says the same).
         ranks = train.nnodes * train.nproc_per_node
         annotations["pretrain.dev/pipeline"] = (
-            f"pp={train.pipeline_stages} x dp={ranks // train.pipeline_stages}, {train.pipeline_schedule}, "
-            f"microbatches={train.pipeline_microbatches}, stages_per_rank={train.stages_per_rank}"
+            f"pp={train.pp_degree} x dp={ranks // train.pp_degree}, {train.pp_schedule}, "
+            f"pp_microbatches={train.pp_microbatch_count}, pp_virtual_stages={train.pp_virtual_stages}"
         )
     return labels, annotations
 

@@ -218,7 +218,7 @@ def stage_identity(config: PipelineConfig, stage: str, input_identity: str) -> s
 def tokens_per_step(config: PipelineConfig) -> int:
     """Tokens one optimizer step consumes with packed batches, over all data-parallel ranks."""
     train = config.train
-    data_parallel = train.nproc_per_node * train.nnodes // train.pipeline_stages
+    data_parallel = train.nproc_per_node * train.nnodes // train.pp_degree
     return train.batch_size * train.seq_len * train.grad_accum * data_parallel
 
 

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,6 +44,9 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # inf and nan are never a sensible setting (train.lr=.inf trained to NaN losses and published).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Old key -> the key that replaced it: a config still using the old name is refused naming the new one,
+    # rather than with a bare "unknown key".
+    renamed_keys: ClassVar[dict[str, str]] = {}
 
 
 class ProjectConfig(Section):
@@ -206,6 +209,9 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
         if fields is not None:
             if part not in fields:
                 where = ".".join(parts[:depth]) or "the top level"
+                if renamed := getattr(model, "renamed_keys", {}).get(part):
+                    new_key = ".".join([*parts[:depth], renamed])
+                    raise ConfigError(f"{dotted}: renamed to {new_key}; set that key instead (from {source})")
                 raise ConfigError(
                     f"{dotted}: {unknown_key_message(part, fields)} under {where} (from {source})"
                 )

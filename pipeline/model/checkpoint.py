@@ -217,9 +217,9 @@ def checkpoint_layout_problem(checkpoints: Path, ranks: int) -> str | None:
     if not other:
         return None
     return (
-        f"the checkpoints in {checkpoints} were written with train.pipeline_stages={other[0]}, and this run "
-        f"has train.pipeline_stages={ranks}: a checkpoint holds one part per pipeline rank, so resume it "
-        "with the same train.pipeline_stages, or set train.resume=false to start over"
+        f"the checkpoints in {checkpoints} were written with train.pp_degree={other[0]}, and this run "
+        f"has train.pp_degree={ranks}: a checkpoint holds one part per pipeline rank, so resume it "
+        "with the same train.pp_degree, or set train.resume=false to start over"
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,13 +16,25 @@ MAX_SEQ_LEN = 1 << 17
 
 
 class TrainConfig(Section):
-    """The trainer (pipeline.train); docs/training.md explains each group of keys."""
+    """The trainer (pipeline.train); docs/training.md explains each group of keys.
+
+    Pipeline-parallel keys use torchtitan's words (``pp_*``), so "stage" alone means a registry stage."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "pipeline_stages": "pp_degree",
+        "pipeline_schedule": "pp_schedule",
+        "microbatches": "pp_microbatches",
+        "stages_per_rank": "pp_virtual_stages",
+    }
 
     steps: int = Field(40, gt=0, le=MAX_STEPS, description="optimizer steps")
     batch_size: int = Field(8, gt=0, le=1 << 16, description="sequences per rank per micro-step")
     seq_len: int = Field(64, gt=1, le=MAX_SEQ_LEN, description="tokens per training sequence")
     grad_accum: int = Field(
-        1, gt=0, le=1 << 16, description="micro-steps per optimizer step (a pipeline runs train.microbatches)"
+        1,
+        gt=0,
+        le=1 << 16,
+        description="micro-steps per optimizer step (a pipeline runs train.pp_microbatches)",
     )
     lr: float = Field(3e-3, gt=0, le=10, description="peak learning rate (AdamW)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine decays to lr x this")
@@ -88,26 +100,27 @@ class TrainConfig(Section):
     max_restarts: int = Field(
         3, ge=0, description="torchrun restarts the worker group this often after a failure"
     )
-    pipeline_stages: int = Field(
+    pp_degree: int = Field(
         1,
         ge=1,
         le=1024,
         description="pipeline parallelism: ranks a model is cut into by layers (the pp of a pp x dp mesh); "
         "1 keeps every rank holding the whole model",
     )
-    microbatches: int | None = Field(
+    pp_microbatches: int | None = Field(
         None,
         ge=1,
         le=1 << 16,
         description="pipeline: micro-batches train.batch_size is split into per step; default "
-        "pipeline_stages (the fewest 1F1B accepts)",
+        "pp_degree (the fewest 1F1B accepts)",
     )
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
         "1f1b",
         description="torch.distributed.pipelining schedule: all forwards then all backwards (gpipe), "
-        "one forward one backward (1f1b), or 1F1B over stages_per_rank virtual stages (interleaved_1f1b)",
+        "one forward one backward (1f1b), or 1F1B over pp_virtual_stages virtual stages per rank "
+        "(interleaved_1f1b)",
     )
-    stages_per_rank: int = Field(
+    pp_virtual_stages: int = Field(
         1, ge=1, le=64, description="virtual pipeline stages per rank; above 1 only with interleaved_1f1b"
     )
     threads_per_rank: int | None = Field(
@@ -135,62 +148,63 @@ class TrainConfig(Section):
         return self
 
     @property
-    def pipeline_microbatches(self) -> int:
-        return self.microbatches or self.pipeline_stages
+    def pp_microbatch_count(self) -> int:
+        """Micro-batches per pipeline step: pp_microbatches, or by default pp_degree."""
+        return self.pp_microbatches or self.pp_degree
 
     @property
-    def pipeline_stage_count(self) -> int:
-        """Pipeline stages of the model: pipeline_stages ranks x stages_per_rank virtual stages each."""
-        return self.pipeline_stages * self.stages_per_rank
+    def pp_stage_count(self) -> int:
+        """The model's torch ``PipelineStage``s: pp_degree ranks x pp_virtual_stages each."""
+        return self.pp_degree * self.pp_virtual_stages
 
     def pipeline_problem(self, world_size: int | None = None) -> str | None:
         """What is wrong with the pipeline settings (naming the key), or None. ``world_size``: the ranks a
         launcher started, checked by each rank before it builds anything; else nproc_per_node x nnodes."""
-        pp, m = self.pipeline_stages, self.pipeline_microbatches
-        interleaved = self.pipeline_schedule == "interleaved_1f1b"
+        pp, m = self.pp_degree, self.pp_microbatch_count
+        interleaved = self.pp_schedule == "interleaved_1f1b"
         if pp == 1:
-            if self.stages_per_rank > 1 or self.microbatches not in (None, 1):
+            if self.pp_virtual_stages > 1 or self.pp_microbatches not in (None, 1):
                 return (
-                    "train.stages_per_rank and train.microbatches split a pipeline; set "
-                    "train.pipeline_stages above 1 (or leave them at 1)"
+                    "train.pp_virtual_stages and train.pp_microbatches split a pipeline; set "
+                    "train.pp_degree above 1 (or leave them at 1)"
                 )
             return None
         if self.grad_accum != 1:
             return (
-                f"train.grad_accum={self.grad_accum}: a pipeline accumulates over train.microbatches; "
-                "leave train.grad_accum at 1 and raise train.microbatches"
+                f"train.grad_accum={self.grad_accum}: a pipeline accumulates over train.pp_microbatches; "
+                "leave train.grad_accum at 1 and raise train.pp_microbatches"
             )
         if self.grad_compression != "none" or self.compile:
             key = "train.grad_compression" if self.grad_compression != "none" else "train.compile"
-            return f"{key} works on the whole model's DDP; with train.pipeline_stages={pp} leave it off"
-        if interleaved and self.stages_per_rank == 1:
+            return f"{key} works on the whole model's DDP; with train.pp_degree={pp} leave it off"
+        if interleaved and self.pp_virtual_stages == 1:
             return (
-                "train.stages_per_rank: interleaved_1f1b needs at least 2 virtual stages per rank; set "
-                "train.stages_per_rank=2 or more, or train.pipeline_schedule=1f1b"
+                "train.pp_virtual_stages: interleaved_1f1b needs at least 2 virtual stages per rank; set "
+                "train.pp_virtual_stages=2 or more, or train.pp_schedule=1f1b"
             )
-        if not interleaved and self.stages_per_rank > 1:
+        if not interleaved and self.pp_virtual_stages > 1:
             return (
-                f"train.stages_per_rank={self.stages_per_rank}: only interleaved_1f1b runs several stages "
-                f"per rank, not {self.pipeline_schedule}"
+                f"train.pp_virtual_stages={self.pp_virtual_stages}: only interleaved_1f1b runs several "
+                f"stages per rank, not {self.pp_schedule}"
             )
         # 1F1B keeps pp micro-batches in flight; interleaved rounds of pp micro-batches each (the paper's rule,
         # stricter than torch's, so every round is full and the bubble is what (p-1)/(v*m+p-1) says).
-        if self.pipeline_schedule == "1f1b" and m < pp:
-            return f"train.microbatches={m}: 1f1b needs at least train.pipeline_stages={pp} micro-batches"
+        if self.pp_schedule == "1f1b" and m < pp:
+            return f"train.pp_microbatches={m}: 1f1b needs at least train.pp_degree={pp} micro-batches"
         if interleaved and m % pp:
-            return f"train.microbatches={m}: interleaved_1f1b needs a multiple of train.pipeline_stages={pp}"
+            return f"train.pp_microbatches={m}: interleaved_1f1b needs a multiple of train.pp_degree={pp}"
         if self.batch_size % m:
             return (
-                f"train.batch_size={self.batch_size} does not split into train.microbatches={m} equal "
+                f"train.batch_size={self.batch_size} does not split into train.pp_microbatches={m} equal "
                 "micro-batches"
             )
         ranks = world_size if world_size is not None else self.nproc_per_node * self.nnodes
         if ranks % pp:
             where = "WORLD_SIZE" if world_size is not None else "train.nproc_per_node x train.nnodes"
-            return f"train.pipeline_stages={pp} does not divide the {ranks} ranks ({where})"
+            return f"train.pp_degree={pp} does not divide the {ranks} ranks ({where})"
         if self.min_nnodes is not None and (self.min_nnodes * self.nproc_per_node) % pp:
             return (
-                f"train.pipeline_stages={pp} does not divide the {self.min_nnodes * self.nproc_per_node} "
+                f"train.pp_degree={pp} does not divide the {self.min_nnodes * self.nproc_per_node} "
                 "ranks of train.min_nnodes"
             )
         return None
@@ -199,15 +213,15 @@ class TrainConfig(Section):
 def pipeline_layout_problem(train: TrainConfig, layers: int, batching: str) -> str | None:
     """The pipeline checks that need other sections: every stage gets at least one block, and micro-batches
     have one shape (a pipeline stage receives fixed-size activations)."""
-    if train.pipeline_stages == 1:
+    if train.pp_degree == 1:
         return None
-    if layers < train.pipeline_stage_count:
+    if layers < train.pp_stage_count:
         return (
-            f"train.pipeline_stages={train.pipeline_stages} x train.stages_per_rank={train.stages_per_rank} "
+            f"train.pp_degree={train.pp_degree} x train.pp_virtual_stages={train.pp_virtual_stages} "
             f"stages need at least as many layers; the model has {layers} (model.num_hidden_layers)"
         )
     if batching != "packed":
-        return f"train.pipeline_stages={train.pipeline_stages} needs data.batching=packed, not {batching}"
+        return f"train.pp_degree={train.pp_degree} needs data.batching=packed, not {batching}"
     return None
 
 

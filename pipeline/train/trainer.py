@@ -174,7 +174,7 @@ class Trainer(Stateful):
 
     def _build(self, input_stage: str) -> None:
         config, train, ctx = self.config, self.train_config, self.ctx
-        if train.pipeline_stages > 1 and (problem := train.pipeline_problem(ctx.world_size)):
+        if train.pp_degree > 1 and (problem := train.pipeline_problem(ctx.world_size)):
             raise ConfigError(problem)
         self.device = ctx.device
         self.threads = set_rank_threads(train)
@@ -327,7 +327,7 @@ class Trainer(Stateful):
 
         Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold."""
         ctx = self.ctx
-        root, ranks = self.output.path / "checkpoints", self.train_config.pipeline_stages
+        root, ranks = self.output.path / "checkpoints", self.train_config.pp_degree
         shards = shard_checkpointers(root, ranks)
         decision: dict[str, Any] = {}
         state = None
@@ -648,11 +648,11 @@ def build_parallelism(
     config: PipelineConfig, model_config: GPTConfig, ctx: DistributedContext, precision: MixedPrecision
 ) -> Parallelism:
     """The model, built from the same seed on every rank, and the parallelism that splits and runs it: a
-    pipeline when ``train.pipeline_stages`` > 1 (cut from the very weights one process would train), else data
+    pipeline when ``train.pp_degree`` > 1 (cut from the very weights one process would train), else data
     parallelism (one process, DDP or ZeRO-1)."""
     seed_everything(config.project.seed)  # the same initial weights on every rank
     model = GPT(model_config).to(ctx.device)
-    if config.train.pipeline_stages > 1:
+    if config.train.pp_degree > 1:
         from pipeline.train.distributed.pipeline_parallel import PipelineParallelism
 
         return PipelineParallelism(model, ctx, config, precision)

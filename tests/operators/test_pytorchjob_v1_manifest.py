@@ -95,18 +95,18 @@ def test_single_node_job_is_one_master_without_rendezvous():
 def test_pipeline_job_carries_its_layout_and_world_size():
     # Two pods of one process each: the two pipeline stages on two nodes, as two torchrun agents run them.
     _, job = render(
-        "train.nnodes=2", "train.nproc_per_node=1", "train.pipeline_stages=2", "train.microbatches=8"
+        "train.nnodes=2", "train.nproc_per_node=1", "train.pp_degree=2", "train.pp_microbatches=8"
     )
     spec = job["spec"]
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1 and spec["nprocPerNode"] == "1"
     assert job["metadata"]["annotations"]["pretrain.dev/pipeline"] == (
-        "pp=2 x dp=1, 1f1b, microbatches=8, stages_per_rank=1"
+        "pp=2 x dp=1, 1f1b, pp_microbatches=8, pp_virtual_stages=1"
     )
     carried = yaml.safe_load(env(job)[CONFIG_ENV])["train"]
-    assert (carried["pipeline_stages"], carried["microbatches"]) == (2, 8)
+    assert (carried["pp_degree"], carried["pp_microbatches"]) == (2, 8)
     validate_pytorch_job(job)  # raises unless the CRD schema and the core types accept it
-    with pytest.raises(ConfigError, match=r"train\.pipeline_stages=2 does not divide the 3 ranks"):
-        render("train.nnodes=3", "train.nproc_per_node=1", "train.pipeline_stages=2")
+    with pytest.raises(ConfigError, match=r"train\.pp_degree=2 does not divide the 3 ranks"):
+        render("train.nnodes=3", "train.nproc_per_node=1", "train.pp_degree=2")
 
 
 def test_settings_shape_the_job():

@@ -1,8 +1,11 @@
 """`pretrain`'s first task names the training run after the DAG run, so a sweep of DAG runs on one snapshot
 trains (and reports) one run each, and every task of a DAG run, retries included, works on the same one."""
 
+import pytest
+
 from operators.training import resolve_training_run, training_run_id
 from pipeline.config import load_config
+from pipeline.core.config import ConfigError
 from pipeline.core.storage import validate_run_id
 
 DAG_RUN = "manual__2026-12-01T10:15:30.123456+00:00"
@@ -28,18 +31,24 @@ def test_the_forms_pipeline_fields_reach_the_config(tmp_path):
     params = {
         "snapshot": "demo",
         "overrides": [f"project.data_root={tmp_path}", "model.overrides={num_hidden_layers: 4}"],
-        "pipeline_stages": 2,
-        "microbatches": 4,
-        "pipeline_schedule": "interleaved_1f1b",
-        "stages_per_rank": 2,
+        "pp_degree": 2,
+        "pp_microbatches": 4,
+        "pp_schedule": "interleaved_1f1b",
+        "pp_virtual_stages": 2,
     }
     train = load_config(resolve_training_run(params, {}, dag_run_id=DAG_RUN)["config_path"], environ={}).train
-    assert (train.pipeline_stages, train.microbatches, train.pipeline_schedule, train.stages_per_rank) == (
+    assert (train.pp_degree, train.pp_microbatches, train.pp_schedule, train.pp_virtual_stages) == (
         2,
         4,
         "interleaved_1f1b",
         2,
     )
+
+
+def test_the_forms_old_pipeline_field_names_are_refused_naming_the_new_ones(tmp_path):
+    params = {"snapshot": "demo", "overrides": [f"project.data_root={tmp_path}"], "pipeline_stages": 2}
+    with pytest.raises(ConfigError, match="form field 'pipeline_stages' is now 'pp_degree'"):
+        resolve_training_run(params, {}, dag_run_id=DAG_RUN)
 
 
 def publish_tokens(config, corpus: str, snapshot: str) -> None:

@@ -168,14 +168,14 @@ def test_settings_shape_the_job():
 
 def test_pipeline_job_carries_its_layout():
     _, job = render(
-        "train.nnodes=2", "train.nproc_per_node=1", "train.pipeline_stages=2", "train.microbatches=8"
+        "train.nnodes=2", "train.nproc_per_node=1", "train.pp_degree=2", "train.pp_microbatches=8"
     )
     assert (job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["numProcPerNode"]) == (2, 1)
     assert job["metadata"]["annotations"]["pretrain.dev/pipeline"] == (
-        "pp=2 x dp=1, 1f1b, microbatches=8, stages_per_rank=1"
+        "pp=2 x dp=1, 1f1b, pp_microbatches=8, pp_virtual_stages=1"
     )
     carried = yaml.safe_load(env(job)[CONFIG_ENV])["train"]
-    assert (carried["pipeline_stages"], carried["microbatches"]) == (2, 8)
+    assert (carried["pp_degree"], carried["pp_microbatches"]) == (2, 8)
 
 
 def test_what_a_trainjob_cannot_express_fails_naming_each_setting():

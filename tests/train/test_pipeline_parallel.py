@@ -26,7 +26,7 @@ from pipeline.model.gpt import GPT
 from pipeline.train.distributed.pipeline_parallel import (
     balanced_split,
     full_name,
-    stage_model,
+    model_part,
     theoretical_bubble,
 )
 from pipeline.train.trainer import train
@@ -46,11 +46,11 @@ from tests.train.support import (
 SNAPSHOT = "pp"
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = "model.overrides={num_hidden_layers: 4}"
-PIPELINE = ("train.pipeline_stages=2", "train.microbatches=4", "train.batch_size=8")
+PIPELINE = ("train.pp_degree=2", "train.pp_microbatches=4", "train.batch_size=8")
 SCHEDULES = {
-    "gpipe": ["train.pipeline_schedule=gpipe"],
-    "1f1b": ["train.pipeline_schedule=1f1b"],
-    "interleaved": ["train.pipeline_schedule=interleaved_1f1b", "train.stages_per_rank=2"],
+    "gpipe": ["train.pp_schedule=gpipe"],
+    "1f1b": ["train.pp_schedule=1f1b"],
+    "interleaved": ["train.pp_schedule=interleaved_1f1b", "train.pp_virtual_stages=2"],
 }
 # Large router-loss weights, so a router loss lost between stages would show in every router's gradient.
 MOE = (
@@ -102,7 +102,7 @@ def test_stages_together_hold_the_unsplit_model_under_its_names():
     split = balanced_split(model.config, 3, 64)
     merged = {}
     for stage in range(3):
-        part = stage_model(model, split, stage)
+        part = model_part(model, split, stage)
         assert (part.embed_tokens is None) == (stage > 0)
         assert (part.lm_head is None) == (stage < 2)
         first = split.layers[stage][0]
@@ -115,7 +115,7 @@ def test_stages_together_hold_the_unsplit_model_under_its_names():
 def test_theoretical_bubble():
     assert theoretical_bubble(2, 8) == pytest.approx(1 / 9)
     assert theoretical_bubble(4, 4) == pytest.approx(3 / 7)
-    assert theoretical_bubble(2, 8, stages_per_rank=2) == pytest.approx(1 / 17)
+    assert theoretical_bubble(2, 8, virtual_stages=2) == pytest.approx(1 / 17)
 
 
 # --- bad settings fail before any work -----------------------------------------------------------------
@@ -124,33 +124,33 @@ def test_theoretical_bubble():
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (("train.pipeline_stages=2", "model.overrides={num_hidden_layers: 1}"), "model.num_hidden_layers"),
+        (("train.pp_degree=2", "model.overrides={num_hidden_layers: 1}"), "model.num_hidden_layers"),
         (
             (
-                "train.pipeline_stages=2",
-                "train.stages_per_rank=2",
-                "train.pipeline_schedule=interleaved_1f1b",
+                "train.pp_degree=2",
+                "train.pp_virtual_stages=2",
+                "train.pp_schedule=interleaved_1f1b",
             ),
             "model.num_hidden_layers",
         ),
-        (("train.pipeline_stages=2", "train.microbatches=1"), "train.microbatches=1: 1f1b"),
+        (("train.pp_degree=2", "train.pp_microbatches=1"), "train.pp_microbatches=1: 1f1b"),
         (
             (
                 LAYERS,
-                "train.pipeline_stages=2",
-                "train.microbatches=3",
-                "train.stages_per_rank=2",
-                "train.pipeline_schedule=interleaved_1f1b",
+                "train.pp_degree=2",
+                "train.pp_microbatches=3",
+                "train.pp_virtual_stages=2",
+                "train.pp_schedule=interleaved_1f1b",
                 "train.batch_size=6",
             ),
-            "train.microbatches=3: interleaved_1f1b needs a multiple of train.pipeline_stages=2",
+            "train.pp_microbatches=3: interleaved_1f1b needs a multiple of train.pp_degree=2",
         ),
-        (("train.pipeline_stages=2", "train.microbatches=3"), "train.batch_size=8 does not split"),
-        (("train.pipeline_stages=2", "train.nproc_per_node=3"), "does not divide the 3 ranks"),
-        (("train.pipeline_stages=2", "train.pipeline_schedule=interleaved_1f1b"), "train.stages_per_rank"),
-        (("train.pipeline_stages=2", "train.stages_per_rank=2"), "train.stages_per_rank=2: only interleaved"),
-        (("train.pipeline_stages=2", "train.grad_accum=2"), "train.grad_accum=2"),
-        (("train.pipeline_stages=2", "data.batching=token_budget"), "data.batching=packed"),
+        (("train.pp_degree=2", "train.pp_microbatches=3"), "train.batch_size=8 does not split"),
+        (("train.pp_degree=2", "train.nproc_per_node=3"), "does not divide the 3 ranks"),
+        (("train.pp_degree=2", "train.pp_schedule=interleaved_1f1b"), "train.pp_virtual_stages"),
+        (("train.pp_degree=2", "train.pp_virtual_stages=2"), "train.pp_virtual_stages=2: only interleaved"),
+        (("train.pp_degree=2", "train.grad_accum=2"), "train.grad_accum=2"),
+        (("train.pp_degree=2", "data.batching=token_budget"), "data.batching=packed"),
     ],
 )
 def test_bad_pipeline_settings_fail_at_load_naming_the_key(overrides, named):
@@ -159,12 +159,31 @@ def test_bad_pipeline_settings_fail_at_load_naming_the_key(overrides, named):
     assert named in str(error.value)
 
 
-def test_world_size_not_divisible_by_pipeline_stages_fails_before_the_model_is_built(tmp_path):
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("pipeline_stages", "pp_degree"),
+        ("pipeline_schedule", "pp_schedule"),
+        ("microbatches", "pp_microbatches"),
+        ("stages_per_rank", "pp_virtual_stages"),
+    ],
+)
+def test_the_old_pipeline_keys_are_refused_naming_the_new_one(tmp_path, old, new):
+    expected = f"train.{old}: renamed to train.{new}"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [f"train.{old}=2"], environ={})
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, environ={f"PRETRAIN__TRAIN__{old.upper()}": "2"})
+    path = tmp_path / "config.yaml"
+    path.write_text(f"train:\n  {old}: 2\n")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path, environ={})
+
+
+def test_world_size_not_divisible_by_pp_degree_fails_before_the_model_is_built(tmp_path):
     config = single_process(train_config(tmp_path / "data", LAYERS, *PIPELINE), tmp_path)
     write_token_corpus(config, SNAPSHOT)
-    with pytest.raises(
-        ConfigError, match=r"train.pipeline_stages=2 does not divide the 1 ranks \(WORLD_SIZE\)"
-    ):
+    with pytest.raises(ConfigError, match=r"train.pp_degree=2 does not divide the 1 ranks \(WORLD_SIZE\)"):
         train(config, SNAPSHOT)
 
 
@@ -173,7 +192,7 @@ def test_checkpoints_of_another_pipeline_layout_are_named(tmp_path):
     (tmp_path / shard_folder(1, 2)).mkdir()
     assert checkpoint_layout_problem(tmp_path, 2) is None
     problem = checkpoint_layout_problem(tmp_path, 1)
-    assert "train.pipeline_stages=2" in problem and "this run has train.pipeline_stages=1" in problem
+    assert "train.pp_degree=2" in problem and "this run has train.pp_degree=1" in problem
 
 
 def test_fp16_stages_skip_and_back_off_together_when_any_stage_overflows():
@@ -264,7 +283,7 @@ def test_one_pipeline_step_matches_one_process_for_every_schedule(tmp_path):
     reference = one_process(tmp_path, "single", ["train.batch_size=8"])
     # Activation checkpointing recomputes each block in backward: the same gradients (no dropout here).
     recompute = [
-        "train.pipeline_schedule=1f1b",
+        "train.pp_schedule=1f1b",
         "model.overrides={num_hidden_layers: 4, activation_checkpointing: true}",
     ]
     results = pipeline_step(tmp_path, "pp2", 2, list(PIPELINE), {**SCHEDULES, "1f1b-recompute": recompute})
@@ -281,7 +300,7 @@ def test_one_pipeline_step_matches_one_process_for_every_schedule(tmp_path):
 def test_pipeline_times_data_parallel_step_matches_one_process(tmp_path):
     # pp=2 x dp=2 (4 gloo processes), 8 rows per dp rank: one process sees the 16 rows of the global batch.
     reference = one_process(tmp_path, "single", ["train.batch_size=16"])
-    variants = {**SCHEDULES, "1f1b-zero1": ["train.pipeline_schedule=1f1b", "train.data_parallel=zero1"]}
+    variants = {**SCHEDULES, "1f1b-zero1": ["train.pp_schedule=1f1b", "train.data_parallel=zero1"]}
     for result in pipeline_step(tmp_path, "pp2dp2", 4, list(PIPELINE), variants).values():
         assert_same_step(result, reference)
 
@@ -358,7 +377,7 @@ def test_pipeline_run_records_its_split_bubble_and_stage_sharded_checkpoints(one
     _, rows, shards, manifest = one_f_one_b
     layout = manifest.extra["pipeline"]
     assert layout["split"]["layers"] == [[0, 2], [2, 4]]
-    assert layout["schedule"] == "Schedule1F1B" and layout["microbatches"] == 4
+    assert layout["schedule"] == "Schedule1F1B" and layout["pp_microbatches"] == 4
     assert layout["tied_embedding"] == "copies kept in sync"
     for row in rows:
         assert row["pipeline/bubble_theory"] == pytest.approx(1 / 5, abs=1e-5)
@@ -402,9 +421,7 @@ def test_pipeline_resumes_bit_for_bit_and_refuses_another_pipeline_layout(tmp_pa
     single = single_process(
         train_config(tmp_path / "data", *RESUMED[1:], "train.batch_size=8", *RUN[4:]), tmp_path
     )
-    with pytest.raises(
-        CheckpointError, match=r"train.pipeline_stages=2, and this run has train.pipeline_stages=1"
-    ):
+    with pytest.raises(CheckpointError, match=r"train.pp_degree=2, and this run has train.pp_degree=1"):
         train(single, SNAPSHOT)
 
     finish(torchrun(["--standalone", "--nproc-per-node=2"], path, SNAPSHOT), timeout_s=GUARD_S)
@@ -433,7 +450,7 @@ def test_two_torchrun_agents_run_the_two_stages_and_match_one_agent(one_f_one_b,
     for agent in agents:
         finish(agent, timeout_s=GUARD_S)
     assert losses(config, SNAPSHOT) == one_f_one_b[0]
-    assert DatasetRef.of(config, "train", SNAPSHOT).manifest().extra["pipeline"]["pipeline_stages"] == 2
+    assert DatasetRef.of(config, "train", SNAPSHOT).manifest().extra["pipeline"]["pp_degree"] == 2
 
 
 @pytest.mark.slow

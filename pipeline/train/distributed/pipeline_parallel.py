@@ -5,7 +5,7 @@ torchtitan's approach: every stage is a deep copy of the whole model with the bl
 removed, the embedding kept on the first stage only and the final norm and head on the last only (``GPT``
 accepts either missing). Each copy runs in a ``PipelineStage``, handed to ``ScheduleGPipe``, ``Schedule1F1B``
 or ``ScheduleInterleaved1F1B``. Stage i sits on pp rank i % pp (the loop placement interleaving expects), so
-with ``stages_per_rank`` v a rank holds stages r, r + pp, ... Each stage is data parallel over its "dp" group
+with ``train.pp_virtual_stages`` v a rank holds stages r, r + pp, ... Each stage is data parallel over its "dp" group
 through the trainer's own DDP / ZeRO-1 path; the schedules reduce DDP gradients once, on a step's last
 backward.
 
@@ -126,13 +126,13 @@ def balanced_split(config: GPTConfig, stages: int, seq_len: int) -> PipelineSpli
     return PipelineSplit(tuple(layers), tuple(cost(first, end) for first, end in layers))
 
 
-def theoretical_bubble(ranks: int, microbatches: int, stages_per_rank: int = 1) -> float:
+def theoretical_bubble(ranks: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle share of a step for ``ranks`` pipeline ranks: (p-1)/(v·m + p-1)."""
-    return (ranks - 1) / (stages_per_rank * microbatches + ranks - 1)
+    return (ranks - 1) / (virtual_stages * microbatches + ranks - 1)
 
 
-def stage_model(model: GPT, split: PipelineSplit, stage: int) -> GPT:
-    """A deep copy of ``model`` holding only what ``stage`` runs (torchtitan's way of cutting a model)."""
+def model_part(model: GPT, split: PipelineSplit, stage: int) -> GPT:
+    """A deep copy of ``model`` holding only what pipeline stage ``stage`` runs (torchtitan's model part)."""
     part = copy.deepcopy(model)
     first, end = split.layers[stage]
     part.blocks = nn.ModuleList(part.blocks[first:end])
@@ -153,8 +153,8 @@ def full_name(name: str, first_layer: int) -> str:
     return f"blocks.{int(index) + first_layer}.{rest}"
 
 
-class StageForward(nn.Module):
-    """What one ``PipelineStage`` runs: its part of the model under autocast. With MoE layers in the model it
+class ModelPartForward(nn.Module):
+    """What one ``PipelineStage`` runs: its model part under autocast. With MoE layers in the model it
     also carries the router aux and z losses summed so far, so that they reach the loss on the last stage."""
 
     def __init__(self, model: GPT, autocast: Callable, carries_router_losses: bool) -> None:
@@ -177,7 +177,7 @@ class StageForward(nn.Module):
         return out.logits, aux_loss, z_loss
 
 
-class TimedStage(PipelineStage):
+class TimedPipelineStage(PipelineStage):
     """A ``PipelineStage`` that adds up the time it computes; the rest of a schedule step is waiting."""
 
     busy_s = 0.0
@@ -222,29 +222,29 @@ def _sub_context(ctx: DistributedContext, mesh: DeviceMesh, dim: str) -> Distrib
 class PipelineParallelism(Parallelism):
     """This rank's share of a pipeline-parallel model: its stages, their schedule, and one step's work.
 
-    ``model_parts`` are its stages (copies of the model cut as ``stage_model`` says), ``data`` its "dp" group."""
+    ``model_parts`` are its stages (copies of the model cut as ``model_part`` says), ``data`` its "dp" group."""
 
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
         train = config.train
-        ranks = train.pipeline_stages
+        ranks = train.pp_degree
         self.ctx, self.precision, self.config = ctx, precision, model.config
         # GradScaler creates its scale on the first scale() call, which only the last stage makes: start it
         # on every stage (the gradients arriving from the next stage are scaled alike).
         precision.scale(torch.ones((), device=ctx.device))
         self.document_masking = train.document_masking
-        self.microbatches = train.pipeline_microbatches
-        self.stages_per_rank = train.stages_per_rank
+        self.microbatches = train.pp_microbatch_count
+        self.pp_virtual_stages = train.pp_virtual_stages
         self.mesh = init_device_mesh(
             ctx.device.type, (ranks, ctx.world_size // ranks), mesh_dim_names=("pp", "dp")
         )
         self.pp = _sub_context(ctx, self.mesh, "pp")
         self.dp = self.data = _sub_context(ctx, self.mesh, "dp")
-        self.split = balanced_split(model.config, train.pipeline_stage_count, train.seq_len)
-        self.stage_indices = [self.pp.rank + k * ranks for k in range(train.stages_per_rank)]
+        self.split = balanced_split(model.config, train.pp_stage_count, train.seq_len)
+        self.stage_indices = [self.pp.rank + k * ranks for k in range(train.pp_virtual_stages)]
         self.models = self.model_parts = [
-            stage_model(model, self.split, stage) for stage in self.stage_indices
+            model_part(model, self.split, stage) for stage in self.stage_indices
         ]
         self.module = nn.ModuleList(self.models)  # the optimizer's parameters: every stage this rank holds
         self.first_layers = [self.split.layers[stage][0] for stage in self.stage_indices]
@@ -258,14 +258,16 @@ class PipelineParallelism(Parallelism):
                 model.config.fused_cross_entropy,
             )
         self.modules = [
-            data_parallel(StageForward(part, precision.autocast, self.carries_router_losses), self.dp, train)
+            data_parallel(
+                ModelPartForward(part, precision.autocast, self.carries_router_losses), self.dp, train
+            )
             for part in self.models
         ]
         self.stages = [
-            TimedStage(module, stage, self.split.num_stages, ctx.device, group=self.pp.group)
+            TimedPipelineStage(module, stage, self.split.num_stages, ctx.device, group=self.pp.group)
             for module, stage in zip(self.modules, self.stage_indices, strict=True)
         ]
-        schedule = SCHEDULES[train.pipeline_schedule]
+        schedule = SCHEDULES[train.pp_schedule]
         # The loss is already each micro-batch's share of the step: no extra division by m.
         options = {"n_microbatches": self.microbatches, "loss_fn": self._loss, "scale_grads": False}
         self.schedule = schedule(self.stages if len(self.stages) > 1 else self.stages[0], **options)
@@ -306,7 +308,7 @@ class PipelineParallelism(Parallelism):
         return scaled
 
     def forward_backward(self, batches: list[Batch]) -> StepLoss:
-        """Every micro-batch of this dp rank's one batch (``train.microbatches`` slices of it) forward and
+        """Every micro-batch of this dp rank's one batch (``train.pp_microbatches`` slices of it) forward and
         backward through the pipeline; the loss is this rank's part of the step's token-mean loss over all
         ranks (0 off the last stage)."""
         (batch,) = batches
@@ -417,7 +419,7 @@ class PipelineParallelism(Parallelism):
 
     @property
     def theoretical_bubble(self) -> float:
-        return theoretical_bubble(self.pp.world_size, self.microbatches, self.stages_per_rank)
+        return theoretical_bubble(self.pp.world_size, self.microbatches, self.pp_virtual_stages)
 
     def metrics(self) -> dict[str, float]:
         """Collective (every rank): idle share and idle seconds per step of each pp rank since the last call,
@@ -458,10 +460,10 @@ class PipelineParallelism(Parallelism):
     def layout(self) -> dict[str, Any]:
         """What the log, the checkpoints and the manifest record about the pipeline."""
         return {
-            "pipeline_stages": self.pp.world_size,
+            "pp_degree": self.pp.world_size,
             "data_parallel_ranks": self.dp.world_size,
-            "stages_per_rank": self.stages_per_rank,
-            "microbatches": self.microbatches,
+            "pp_virtual_stages": self.pp_virtual_stages,
+            "pp_microbatches": self.microbatches,
             "schedule": type(self.schedule).__name__,
             "split": self.split.to_dict(),
             "tied_embedding": "copies kept in sync" if self.config.tie_word_embeddings else "untied",
