@@ -43,15 +43,13 @@ import torch
 
 from pipeline.data.loader import (
     DistributedBatchLoader,
-    DocumentSequences,
-    PackedSequences,
-    SourcedBatch,
     TokenBudgetBatchLoader,
     build_train_loader,
     padded_batch,
     shuffled_budget_batches,
 )
 from pipeline.data.mixture import Mixture
+from pipeline.data.sequences import DocumentSequences, PackedSequences, SourcedBatch
 
 log = logging.getLogger(__name__)
 BLEND_PERIOD = 1 << 16
