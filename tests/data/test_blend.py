@@ -113,6 +113,28 @@ def test_packed_token_shares_match_the_weights_and_rows_come_from_their_source(t
     assert loader.order.source_samples() == {f"s{i}": int(tokens[i] // 8) for i in range(3)}
 
 
+def test_packed_rows_are_the_windows_an_independent_reading_of_the_rules_gives(three_sources):
+    """Row k of the blend (counted over all ranks) comes from Megatron's source i for k; it is the j-th row
+    source i gives, so window j mod n_i of its epoch j div n_i, ordered by a permutation seeded (seed, i, epoch)."""
+    weights, seed = (0.5, 0.3, 0.2), 5
+    datasets = [PackedSequences(folder, 8) for folder in three_sources]
+    given = [0, 0, 0]
+    expected = []
+    for source in plain_megatron_schedule(weights, 400):
+        size, drawn = len(datasets[source]), given[source]
+        given[source] += 1
+        window = np.random.default_rng([seed, source, drawn // size]).permutation(size)[drawn % size]
+        expected.append((source, datasets[source][int(window)].tolist()))
+    assert given[2] > 2 * len(datasets[2])  # the small source is repeated
+    loader = packed_loader(three_sources, weights, batch_size=4, seed=seed)
+    got = []
+    for _ in range(100):
+        batch = next(loader)
+        rows = torch.cat([batch.inputs, batch.targets[:, -1:]], 1)
+        got += list(zip(batch.sources.tolist(), rows.tolist(), strict=True))
+    assert got == expected
+
+
 def test_token_budget_token_shares_match_the_weights(tmp_path):
     """Batches of one source hold different numbers of tokens; the blend weighs sources by their mean tokens
     per batch, so token shares come within half a percent of the weights over a few thousand batches (0.02% off

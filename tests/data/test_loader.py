@@ -265,6 +265,32 @@ def test_dynamic_batches_fit_the_budget_and_waste_under_ten_percent_on_skewed_le
     assert waste < 0.10, f"padding waste {waste:.1%}"
 
 
+def test_dynamic_batches_are_those_an_independent_reading_of_the_rules_gives(tmp_path):
+    """Epoch e: the samples permuted by (seed, e), cut by token_budget_batches, the batches permuted by
+    (seed, e, 1); step s gives rank r batch s * world_size + r; an epoch's last incomplete step is skipped."""
+    folder, _ = skewed_corpus(tmp_path)
+    dataset = DocumentSequences(folder, max_len=256)
+    expected = []
+    for epoch in range(2):
+        order = np.random.default_rng([2, epoch]).permutation(len(dataset))
+        cut = token_budget_batches(dataset.lengths, order, 2048, 500)
+        shuffle = np.random.default_rng([2, epoch, 1]).permutation(len(cut))
+        epoch_batches = [cut[i] for i in shuffle]
+        expected += [epoch_batches[: len(epoch_batches) // 3 * 3]]
+    loaders = [
+        budget_loader(dataset, 2048, pad_id=1, rank=r, world_size=3, seed=2, pool_size=500) for r in range(3)
+    ]
+    for epoch_batches in expected:
+        for step in range(len(epoch_batches) // 3):
+            for rank, loader in enumerate(loaders):
+                batch = next(loader)
+                indices = epoch_batches[step * 3 + rank]
+                assert batch.inputs.shape[0] == len(indices)
+                for row, index in zip(batch.inputs.tolist(), indices, strict=True):
+                    sample = dataset[int(index)].tolist()[:-1]
+                    assert row[: len(sample)] == sample and set(row[len(sample) :]) <= {1}
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_dynamic_resume_mid_epoch_gives_the_identical_batch_sequence(tmp_path, world_size):
     folder, _ = skewed_corpus(tmp_path)
@@ -312,9 +338,7 @@ def test_dynamic_resharding_continues_with_the_remaining_batches(tmp_path):
         assert torch.equal(want.inputs, have.inputs)
     assert len(expected) - len(got) < 3
     with pytest.raises(ValueError, match="max_tokens=2048"):
-        budget_loader(dataset, 4096, pad_id=1, seed=2, pool_size=500).load_state_dict(
-            before[0].state_dict()
-        )
+        budget_loader(dataset, 4096, pad_id=1, seed=2, pool_size=500).load_state_dict(before[0].state_dict())
 
 
 def test_token_budget_below_max_len_is_a_clear_error(corpus):
