@@ -72,7 +72,7 @@ def train_one(job: tuple[str, str, Path, int, int, int, Path]) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from pipeline.data.loader import PackedSequences, TokenStream
+    from pipeline.data.sequences import PackedSequences, TokenStream
     from pipeline.evaluate.job import document_losses
     from pipeline.model.config import model_config
     from pipeline.model.gpt import GPT

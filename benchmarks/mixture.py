@@ -1,9 +1,9 @@
 """Benchmark issue 32's data side: the blended loader against one source of the same size, and incremental
 dedup of a new snapshot against 1, 4 and 16 earlier ones.
 
-1. **Loader.** Three sources (50/30/20% of the tokens, weights 0.5/0.3/0.2) read by
-   ``pipeline.data.blend.BlendedPackedLoader`` against one source of the same total size read by today's
-   ``DistributedBatchLoader``: packed [batch, seq_len] batches, tokens per CPU-second of each (the loader is
+1. **Loader.** Three sources (50/30/20% of the tokens, weights 0.5/0.3/0.2) read as a mixture by
+   ``pipeline.data.loader.TrainLoader`` against one source of the same total size read as a single snapshot
+   by the same loader: packed [batch, seq_len] batches, tokens per CPU-second of each (the loader is
    one thread; a shared machine's other jobs change its wall time, not its CPU time), rounds alternating
    between the two, the best round of each. The ratio's goal is >= 0.95.
 2. **Incremental dedup.** A corpus of 17 snapshots of D documents each (10,000; ``--quick`` 2,000): 16 earlier
@@ -81,8 +81,9 @@ def loader_tokens_per_s(loader, batches: int) -> float:
 def bench_loader(
     work: Path, total_tokens: int, batches: int, rounds: int, seq_len: int, batch_size: int
 ) -> dict:
-    from pipeline.data.blend import BlendedPackedLoader
-    from pipeline.data.loader import DistributedBatchLoader, PackedSequences
+    from pipeline.data.batching import Packed
+    from pipeline.data.loader import TrainLoader
+    from pipeline.data.sequences import PackedSequences
 
     shares = (0.5, 0.3, 0.2)
     single_folder = work / "single" / "train"
@@ -92,9 +93,13 @@ def bench_loader(
         folder = work / f"source{index}" / "train"
         write_tokens(folder, int(total_tokens * share), seed=index + 1)
         folders.append(folder)
-    single = DistributedBatchLoader(PackedSequences(single_folder, seq_len), batch_size, seed=1)
-    mixture = BlendedPackedLoader(
-        ["a", "b", "c"], [PackedSequences(folder, seq_len) for folder in folders], shares, batch_size, seed=1
+    single = TrainLoader.one_snapshot(PackedSequences(single_folder, seq_len), Packed(batch_size), seed=1)
+    mixture = TrainLoader.mixture(
+        ["a", "b", "c"],
+        [PackedSequences(folder, seq_len) for folder in folders],
+        shares,
+        Packed(batch_size),
+        seed=1,
     )
     best = {"single": 0.0, "mixture": 0.0}
     for _ in range(rounds):

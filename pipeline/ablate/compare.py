@@ -115,7 +115,7 @@ def unigram_baselines(
     from tokenizers import Tokenizer
 
     from pipeline.ablate.runner import eval_streams, tokenizer_file
-    from pipeline.data.loader import TokenStream
+    from pipeline.data.sequences import TokenStream
     from pipeline.data.shards import shard_prefixes
     from pipeline.tokenization.encoder import vocabulary_size
 

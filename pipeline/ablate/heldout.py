@@ -219,7 +219,7 @@ class EvalDocuments:
 def eval_documents(folders: list[Path], max_documents: int, tokenizer_file: Path) -> EvalDocuments:
     from tokenizers import Tokenizer
 
-    from pipeline.data.loader import TokenStream
+    from pipeline.data.sequences import TokenStream
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     per_folder, tokens, sizes = [], [], []
@@ -248,7 +248,7 @@ def checkpoint_scores(
     multiple-choice task."""
     from tokenizers import Tokenizer
 
-    from pipeline.data.loader import TokenStream
+    from pipeline.data.sequences import TokenStream
     from pipeline.evaluate.harness import multiple_choice_accuracy
     from pipeline.evaluate.job import document_losses
     from pipeline.model.checkpoint import model_from_state, whole_model_checkpoint

@@ -1,491 +1,360 @@
-"""Training batches from token shards: memmapped, split by data-parallel rank, resumable to the exact batch.
+"""The training loader: endless batches from a mixture of sources, split by data-parallel rank, resumable to
+the exact batch.
 
-Two ways to batch a folder of shards (``<tokenize output>/train``):
+One ``TrainLoader`` reads every kind of run. Its parts:
 
-- ``PackedSequences`` + ``DistributedBatchLoader``: all documents back to back (each ends in end-of-text) as one
-  token stream, cut into windows of ``seq_len + 1`` tokens that overlap by one (inputs and shifted targets).
-  Every batch is ``[batch_size, seq_len]``; ``document_ids`` says which document each input token is in, so the
-  model can keep attention inside documents.
-- ``DocumentSequences`` + ``TokenBudgetBatchLoader`` (dynamic batching): one document per row (a long one is cut
-  into ``max_len`` pieces), rows of similar length batched together so that rows x longest row never exceeds
-  ``max_tokens``; the rest is padding (targets ``IGNORE_INDEX``).
+- **sources**: the mixture's, one dataset each (``pipeline.data.sequences``). A single snapshot (no
+  ``data.mixture``) is a mixture of one source.
+- **batching** (``pipeline.data.batching``, chosen by ``data.batching``): what one unit of the order is (a
+  packed window, or a token-budget batch of documents), how one epoch of a source orders its units, and how a
+  rank's units become a ``Batch``.
+- **order**: which unit of which source each step reads. Epoch e of source i is its units in the order seeded
+  by ``key_i + [e]``. The one-snapshot order and the mixture's differ, and each is kept as it always was, so
+  that runs and their checkpoints continue unchanged:
 
-Both loaders are endless iterators of ``Batch``. An epoch is a seeded order over all samples (packed windows or
-token-budget batches) that does not depend on the number of ranks; each step takes the next
-``world_size`` shares of it, rank r taking share r. ``state_dict()`` holds the epoch and the position in that
-order, so a resumed run sees exactly the batches it would have seen, and a run resumed with another
-data-parallel size continues at the same position with the rest of the epoch split over the new ranks (no
-sample repeated or skipped; only the incomplete last step of the epoch, dropped in any case, differs).
+  - ``EpochOrder`` (a single snapshot; key ``[seed]``): the epochs of the one source in turn; a step takes
+    the next ``world_size`` shares of the epoch, rank r taking share r; the last units of an epoch that
+    cannot fill a step are skipped. The state is the epoch and the position in it, so a run resumed with
+    another data-parallel size continues at the same position with the rest of the epoch split over the new
+    ranks (only the incomplete last step of the epoch, dropped in any case, differs).
+  - ``BlendOrder`` (a declared ``data.mixture``, even of one source; key ``[seed, i]``): Megatron's blend
+    (``pipeline.data.blend``) over the sources; the j-th unit drawn from source i is the (j mod n_i)-th of
+    its epoch (j div n_i), so a source smaller than its share is repeated, every time in a fresh order
+    (``source_epochs()`` counts how often). The blend is one sequence of units, the same for any number of
+    ranks; each step takes the next ``world_size`` runs of ``units_per_rank`` and rank r takes run r. The
+    state is the position in the sequence; nothing is skipped. With ``packed`` batching units of every
+    source hold ``seq_len`` tokens, so shares of units are shares of tokens; with ``token_budget`` batches
+    hold different numbers of tokens, and the rule runs on ``w_i / t_i``, normalised, where ``t_i`` is source
+    i's mean tokens per batch (its first epoch's tokens over its batches), so the token shares match the
+    weights on average. Each batch is a ``SourcedBatch``: ``batch.sources[b]`` is the index (in
+    ``source_names``) of row b's source.
+
+``state_dict()`` holds the order's position plus the seed, the sources' fingerprints and the batching
+settings that define the order; a checkpoint made with other ones is refused naming the difference. Its
+``kind`` (``packed``, ``token_budget``, ``blended_packed``, ``blended_token_budget``) and fields are those
+every earlier run wrote, so their checkpoints still resume.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
-import hashlib
-import json
 import logging
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.data.shards import Shard, shard_prefixes
+from pipeline.data.batching import Batching, Dataset, EpochUnits, batching_for
+from pipeline.data.blend import Blend
+from pipeline.data.mixture import Mixture
+from pipeline.data.sequences import Batch, SourcedBatch
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100  # targets the loss skips (F.cross_entropy's default ignore_index)
-PAD_DOCUMENT = -1  # document id of padding positions
 STATE_VERSION = 1
 
 
-class Batch(NamedTuple):
-    inputs: torch.Tensor
-    """[B, T] int64 token ids (padding: the pad id)."""
-    targets: torch.Tensor
-    """[B, T] int64 next-token ids; IGNORE_INDEX (-100) where there is nothing to predict (padding)."""
-    document_ids: torch.Tensor
-    """[B, T] int64; a token may attend only to earlier tokens with the same id. Ids count from 0 in each row;
-    padding has PAD_DOCUMENT (-1)."""
+class SourceEpochs:
+    """One source's units, epoch e in the order seeded by ``key + [e]``; the j-th unit drawn is unit
+    j mod (epoch size) of epoch j div (epoch size)."""
 
-    @property
-    def num_tokens(self) -> int:
-        """Positions that count in the loss."""
-        return int((self.targets != IGNORE_INDEX).sum())
+    def __init__(self, dataset: Dataset, key: list[int], batching: Batching) -> None:
+        self.dataset = dataset
+        self.key = key
+        self.batching = batching
+        self._epochs: dict[int, EpochUnits] = {}
+        first = self.units(0)
+        self.tokens_per_unit = batching.tokens_per_unit(dataset, first)
+        self.fixed_size = batching.fixed_epoch_size(dataset, first)
+        self._starts = [0, len(first)]  # first unit of each epoch, as far as known
 
-    def to(self, device, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
+    def units(self, epoch: int) -> EpochUnits:
+        units = self._epochs.get(epoch)
+        if units is None:
+            units = self.batching.epoch_units(self.dataset, [*self.key, epoch])
+            # Keep this epoch and the one before: a step may straddle the two.
+            self._epochs = {e: u for e, u in self._epochs.items() if e == epoch - 1} | {epoch: units}
+        return units
 
-    @property
-    def sources(self) -> torch.Tensor | None:
-        """[B] int64: the mixture source each row was drawn from (``SourcedBatch``); None here: one snapshot."""
-        return None
+    def size(self, epoch: int) -> int:
+        return self.fixed_size if self.fixed_size is not None else len(self.units(epoch))
 
+    def epoch_of(self, drawn: int) -> tuple[int, int]:
+        """(epoch, index in it) of the unit drawn after ``drawn`` others."""
+        if self.fixed_size is not None:
+            return divmod(drawn, self.fixed_size)
+        while self._starts[-1] <= drawn:
+            epoch = len(self._starts) - 1
+            self._starts.append(self._starts[-1] + len(self.units(epoch)))
+        epoch = bisect.bisect_right(self._starts, drawn) - 1
+        return epoch, drawn - self._starts[epoch]
 
-class SourcedBatch(Batch):
-    """A Batch from a mixture (``pipeline.data.blend``) that also says which source each row came from, for
-    per-source loss. It is still the three tensors of a Batch (``inputs, targets, document_ids = batch``);
-    ``sources`` rides beside them."""
-
-    _row_sources: torch.Tensor
-
-    def __new__(cls, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor, sources):
-        batch = super().__new__(cls, inputs, targets, document_ids)
-        batch._row_sources = sources
-        return batch
-
-    @property
-    def sources(self) -> torch.Tensor:
-        return self._row_sources
-
-    def to(self, device, non_blocking: bool = False) -> SourcedBatch:
-        moved = (t.to(device, non_blocking=non_blocking) for t in (*self, self._row_sources))
-        return SourcedBatch(*moved)
-
-
-class TokenStream:
-    """The shards of a folder (or of several, one after the other: a mixture source's snapshots) as one
-    memmapped token stream, in shard_prefixes() order; nothing is copied."""
-
-    def __init__(self, folder: Path | Sequence[Path]) -> None:
-        folders = [Path(folder)] if isinstance(folder, str | Path) else [Path(f) for f in folder]
-        self.folder = folders[0] if len(folders) == 1 else None
-        self.folders = folders
-        self.where = ", ".join(map(str, folders))  # how messages name it
-        prefixes = [prefix for one in folders for prefix in shard_prefixes(one)]
-        if not prefixes:
-            raise FileNotFoundError(f"no token shards (*.idx) in {', '.join(map(str, folders))}")
-        self.shards = [Shard(prefix) for prefix in prefixes]
-        sizes = [shard.num_tokens for shard in self.shards]
-        self.shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self.num_tokens = int(self.shard_starts[-1])
-        self.document_lengths = np.concatenate([shard.index.document_lengths for shard in self.shards])
-        self.document_ends = np.cumsum(self.document_lengths, dtype=np.int64)
-        self.num_documents = len(self.document_lengths)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) of the stream as int64, across shard boundaries."""
-        if not 0 <= start <= stop <= self.num_tokens:
-            raise IndexError(f"token range [{start}, {stop}) outside the stream of {self.num_tokens}")
-        out = np.empty(stop - start, dtype=np.int64)
-        shard = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
-        position = start
-        while position < stop:
-            shard_stop = int(self.shard_starts[shard + 1])
-            take = min(stop, shard_stop) - position
-            local = position - int(self.shard_starts[shard])
-            out[position - start : position - start + take] = self.shards[shard].tokens[local : local + take]
-            position += take
-            shard += 1
-        return out
-
-    def document_of(self, positions: np.ndarray) -> np.ndarray:
-        """Index of the document that holds each stream position."""
-        return np.searchsorted(self.document_ends, positions, side="right")
+    def drawn(self, drawn: int) -> Any:
+        epoch, index = self.epoch_of(drawn)
+        return self.units(epoch)[index]
 
     def fingerprint(self) -> str:
-        """Names and sizes of the shards: enough to tell that a checkpoint was made on other data."""
-        # One folder: shard names, as always; several: the snapshot folder too (<snapshot>/<split>/<shard>).
-        named = (lambda p: p.name) if len(self.folders) == 1 else (lambda p: "/".join(p.parts[-3:]))
-        summary = [
-            (named(shard.prefix), shard.num_tokens, len(shard.index.documents) - 1) for shard in self.shards
-        ]
-        return hashlib.sha256(json.dumps(summary).encode()).hexdigest()[:16]
+        return self.dataset.fingerprint()
 
 
-class PackedSequences:
-    """Windows of seq_len + 1 tokens over the stream; window i starts at token i * seq_len."""
+class EpochOrder:
+    """A single snapshot: its one source's epochs in turn, a step never straddling two."""
 
-    def __init__(self, folder: Path | Sequence[Path], seq_len: int) -> None:
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self.stream = TokenStream(folder)
-        self.seq_len = seq_len
-        if self.stream.num_tokens < seq_len + 1:
-            raise ValueError(
-                f"{self.stream.where} holds {self.stream.num_tokens} tokens, fewer than one sequence of {seq_len + 1}"
-            )
+    kind_prefix = ""
+    names_sources = False  # its batches are plain ``Batch``es
 
-    def __len__(self) -> int:
-        return (self.stream.num_tokens - 1) // self.seq_len
-
-    def _start(self, index: int) -> int:
-        if not 0 <= index < len(self):
-            raise IndexError(f"sequence {index} out of range for {len(self)} sequences")
-        return index * self.seq_len
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        start = self._start(index)
-        return self.stream.read(start, start + self.seq_len + 1)
-
-    def document_ids(self, index: int) -> np.ndarray:
-        """Per token of window ``index``: its document, counted from 0 at the window's first token."""
-        start = self._start(index)
-        documents = self.stream.document_of(np.arange(start, start + self.seq_len + 1))
-        return documents - documents[0]
-
-    def fingerprint(self) -> str:
-        return f"packed:{self.seq_len}:{self.stream.fingerprint()}"
-
-
-class DocumentSequences:
-    """One sample per document, a document of more than max_len + 1 tokens cut into pieces of at most
-    max_len + 1 tokens that overlap by one, so every next-token target is predicted exactly once.
-    Documents of a single token (nothing to predict) give no sample."""
-
-    def __init__(self, folder: Path | Sequence[Path], max_len: int) -> None:
-        if max_len < 1:
-            raise ValueError(f"max_len must be positive, got {max_len}")
-        self.stream = TokenStream(folder)
-        self.max_len = max_len
-        positions = self.stream.document_lengths - 1  # next-token predictions per document
-        pieces = np.where(positions > 0, -(-positions // max_len), 0)
-        document = np.repeat(np.arange(len(positions)), pieces)
-        first_piece = np.repeat(np.cumsum(pieces) - pieces, pieces)
-        piece = np.arange(len(document)) - first_piece
-        document_starts = self.stream.document_ends - self.stream.document_lengths
-        self.starts = document_starts[document] + piece * max_len
-        # Positions (= inputs = targets) per sample; the sample itself has one token more.
-        self.lengths = np.minimum(positions[document] - piece * max_len, max_len)
-        if len(self.lengths) == 0:
-            raise ValueError(f"{self.stream.where} holds no document with a token to predict")
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        start = int(self.starts[index])
-        return self.stream.read(start, start + int(self.lengths[index]) + 1)
-
-    def fingerprint(self) -> str:
-        return f"documents:{self.max_len}:{self.stream.fingerprint()}"
-
-
-class _EpochLoader:
-    """Shared bookkeeping: rank checks, epochs, the global position, state_dict/load_state_dict."""
-
-    kind = ""
-
-    def __init__(self, rank: int, world_size: int, seed: int) -> None:
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in a data-parallel group of size {world_size}")
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
+    def __init__(self, source: SourceEpochs, units_per_step: int) -> None:
+        self.source = source
+        self.units_per_step = units_per_step
         self.epoch = 0
-        self.position = 0  # units (samples or batches) of this epoch's order consumed by all ranks together
-
-    # Implemented by subclasses.
-    def _units_in_epoch(self, epoch: int) -> int:
-        raise NotImplementedError
-
-    def _units_per_step(self) -> int:
-        raise NotImplementedError
-
-    def _batch(self, epoch: int, start: int) -> Batch:
-        raise NotImplementedError
-
-    def _settings(self) -> dict[str, Any]:
-        """Settings that define the epoch order; a checkpoint is only valid with the same ones."""
-        raise NotImplementedError
+        self.position = 0  # units of this epoch's order consumed by all ranks together
 
     @property
     def batches_per_epoch(self) -> int:
         """Steps in the current epoch."""
-        return self._units_in_epoch(self.epoch) // self._units_per_step()
+        return self.source.size(self.epoch) // self.units_per_step
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        step = self._units_per_step()
-        if self.position + step > self._units_in_epoch(self.epoch):
+    def take(self, rank: int, world_size: int, per_rank: int) -> list[tuple[int, Any]]:
+        step = self.units_per_step
+        if self.position + step > self.source.size(self.epoch):
             self.epoch += 1
             self.position = 0
-        batch = self._batch(self.epoch, self.position)
+        units = self.source.units(self.epoch)
+        first = self.position + rank * per_rank
         self.position += step
-        return batch
+        return [(0, units[index]) for index in range(first, first + per_rank)]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "kind": self.kind,
-            "epoch": self.epoch,
-            "position": self.position,
-            "world_size": self.world_size,
-            "seed": self.seed,
-            **self._settings(),
-        }
+    def position_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` left off. Raises ValueError, naming the difference, if the checkpoint was
-        made with another loader kind, seed, dataset or batching setting; a different data-parallel size is
-        resharded: the next step starts at the saved position, split over this run's ranks."""
-        if state.get("version") != STATE_VERSION or state.get("kind") != self.kind:
-            raise ValueError(
-                f"the checkpoint's data loader state ({state.get('kind')!r}, version {state.get('version')}) "
-                f"is not a {self.kind!r} state of version {STATE_VERSION}; it cannot be resumed by this loader"
-            )
-        expected = {"seed": self.seed, **self._settings()}
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise ValueError(
-                    f"cannot resume the data loader: the checkpoint has {key}={state.get(key)!r}, this run has "
-                    f"{value!r}; resuming would not continue the same sample order"
-                )
+    def identity(self) -> dict[str, Any]:
+        return {"dataset": self.source.fingerprint()}
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any], world_size: int) -> None:
         epoch, position = int(state["epoch"]), int(state["position"])
-        if not 0 <= position <= self._units_in_epoch(epoch):
+        if not 0 <= position <= self.source.size(epoch):
             raise ValueError(f"checkpoint position {position} is outside epoch {epoch}")
-        if state["world_size"] != self.world_size:
+        if state["world_size"] != world_size:
             log.warning(
                 "resharding the data loader: checkpoint from %d data-parallel ranks, this run has %d; "
                 "continuing epoch %d at position %d with the rest split over the new ranks",
                 state["world_size"],
-                self.world_size,
+                world_size,
                 epoch,
                 position,
             )
         self.epoch, self.position = epoch, position
 
 
-class DistributedBatchLoader(_EpochLoader):
-    """Endless [batch_size, seq_len] batches of packed windows.
+class BlendOrder:
+    """A declared mixture: Megatron's blend of the sources, one endless sequence of units."""
 
-    Each epoch is a seeded permutation of all windows; a step takes the next batch_size * world_size of them,
-    rank r taking the r-th run of batch_size. The last windows of an epoch that cannot fill a step are skipped.
-    """
-
-    kind = "packed"
+    kind_prefix = "blended_"
+    names_sources = True  # its batches are ``SourcedBatch``es
 
     def __init__(
-        self,
-        dataset: PackedSequences,
-        batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
+        self, names: Sequence[str], weights: Sequence[float], sources: Sequence[SourceEpochs]
     ) -> None:
-        super().__init__(rank, world_size, seed)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self._cached_epoch, self._cached_order = -1, np.empty(0, dtype=np.int64)
-        if len(dataset) < batch_size * world_size:
-            raise ValueError(
-                f"{len(dataset)} sequences cannot fill one batch of {batch_size} on each of {world_size} ranks"
-            )
+        self.names = list(names)
+        self.weights = list(weights)
+        self.sources = list(sources)
+        # Units of one source carry t_i tokens on average: draw w_i / t_i of them for w_i of the tokens.
+        rates = [
+            weight / source.tokens_per_unit for weight, source in zip(self.weights, sources, strict=True)
+        ]
+        self.blend = Blend(rates, self.names)
+        self.position = 0  # units of the blend consumed by all ranks together
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        if epoch != self._cached_epoch:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
-            self._cached_epoch, self._cached_order = epoch, order
-        return self._cached_order
+    def take(self, rank: int, world_size: int, per_rank: int) -> list[tuple[int, Any]]:
+        first = self.position + rank * per_rank
+        owners, drawn = self.blend.locate(np.arange(first, first + per_rank, dtype=np.int64))
+        self.position += per_rank * world_size
+        return [
+            (owner, self.sources[owner].drawn(number))
+            for owner, number in zip(owners.tolist(), drawn.tolist(), strict=True)
+        ]
 
-    def _units_in_epoch(self, epoch: int) -> int:
-        return len(self.dataset)
+    def position_state(self) -> dict[str, Any]:
+        return {"position": self.position}
 
-    def _units_per_step(self) -> int:
-        return self.batch_size * self.world_size
-
-    def _settings(self) -> dict[str, Any]:
-        # batch_size is not here: the position counts windows, so a new batch size continues correctly.
-        return {"dataset": self.dataset.fingerprint()}
-
-    def _batch(self, epoch: int, start: int) -> Batch:
-        first = start + self.rank * self.batch_size
-        indices = self.epoch_order(epoch)[first : first + self.batch_size]
-        rows = torch.from_numpy(np.stack([self.dataset[int(i)] for i in indices]))
-        documents = torch.from_numpy(np.stack([self.dataset.document_ids(int(i)) for i in indices]))
-        return Batch(rows[:, :-1], rows[:, 1:], documents[:, :-1])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "batch_size": self.batch_size}
-
-
-def _padded_tokens(end: int, start: int, lengths: np.ndarray) -> int:
-    """Tokens in a padded batch of rows start..end of a length-sorted pool: rows x the longest (the last)."""
-    return (end - start + 1) * int(lengths[end])
-
-
-def token_budget_batches(lengths: np.ndarray, order: np.ndarray, max_tokens: int, pool_size: int) -> list:
-    """Split ``order`` (sample indices) into batches whose rows x longest row <= max_tokens.
-
-    Each run of pool_size samples is sorted by length, then cut greedily: a batch grows while its padded size
-    (rows x the newest, longest row) stays within the budget, so rows in a batch have similar lengths.
-    """
-    batches = []
-    for pool_start in range(0, len(order), pool_size):
-        pool = order[pool_start : pool_start + pool_size]
-        pool = pool[np.argsort(lengths[pool], kind="stable")]
-        pool_lengths = lengths[pool]
-        start = 0
-        while start < len(pool):
-            # (rows) x (length of the last row) grows with the end, so the largest end can be bisected.
-            padded = functools.partial(_padded_tokens, start=start, lengths=pool_lengths)
-            stop = bisect.bisect_right(range(start, len(pool)), max_tokens, key=padded)
-            stop = start + max(stop, 1)
-            batches.append(pool[start:stop])
-            start = stop
-    return batches
-
-
-class TokenBudgetBatchLoader(_EpochLoader):
-    """Endless variable-shape batches of whole documents (dynamic batching) under a padded-token budget.
-
-    Each epoch: a seeded permutation of the samples, cut into length-sorted batches by
-    ``token_budget_batches``, then the batches in a seeded random order. A step takes the next world_size
-    batches, rank r taking the r-th. ``Batch.inputs.numel() <= max_tokens`` always.
-    """
-
-    kind = "token_budget"
-
-    def __init__(
-        self,
-        dataset: DocumentSequences,
-        max_tokens: int,
-        pad_id: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        pool_size: int = 16_384,
-    ) -> None:
-        super().__init__(rank, world_size, seed)
-        if max_tokens < dataset.max_len:
-            raise ValueError(
-                f"max_tokens {max_tokens} is below max_len {dataset.max_len}: one long sample would not fit"
-            )
-        if pool_size < 1:
-            raise ValueError(f"pool_size must be positive, got {pool_size}")
-        self.dataset = dataset
-        self.max_tokens = max_tokens
-        self.pad_id = pad_id
-        self.pool_size = pool_size
-        self._cached_epoch = -1
-        self._cached_batches: list[np.ndarray] = []
-        if self._units_in_epoch(0) < world_size:
-            raise ValueError(
-                f"the data makes {self._units_in_epoch(0)} batches of {max_tokens} tokens, fewer than "
-                f"one for each of {world_size} ranks"
-            )
-
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        if epoch != self._cached_epoch:
-            batches = shuffled_budget_batches(
-                self.dataset, [self.seed, epoch], self.max_tokens, self.pool_size
-            )
-            self._cached_epoch, self._cached_batches = epoch, batches
-        return self._cached_batches
-
-    def _units_in_epoch(self, epoch: int) -> int:
-        return len(self.epoch_batches(epoch))
-
-    def _units_per_step(self) -> int:
-        return self.world_size
-
-    def _settings(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {
-            "dataset": self.dataset.fingerprint(),
-            "max_tokens": self.max_tokens,
-            "pool_size": self.pool_size,
+            "sources": list(self.names),
+            "weights": list(self.weights),
+            "period": self.blend.period,
+            "datasets": [source.fingerprint() for source in self.sources],
         }
 
-    def _batch(self, epoch: int, start: int) -> Batch:
-        return padded_batch(self.dataset, self.epoch_batches(epoch)[start + self.rank], self.pad_id)
+    def source_samples(self) -> dict[str, int]:
+        return dict(zip(self.names, map(int, self.blend.drawn(self.position)), strict=True))
+
+    def source_epochs(self) -> dict[str, float]:
+        epochs = {}
+        for name, source, drawn in zip(
+            self.names, self.sources, self.blend.drawn(self.position), strict=True
+        ):
+            epoch, index = source.epoch_of(int(drawn))
+            epochs[name] = epoch + index / source.size(epoch)
+        return epochs
+
+    def figures(self) -> dict[str, Any]:
+        # For people reading a checkpoint; recomputed from the position on resume.
+        return {"source_samples": self.source_samples(), "source_epochs": self.source_epochs()}
+
+    def restore(self, state: dict[str, Any], world_size: int) -> None:
+        position = int(state["position"])
+        if position < 0:
+            raise ValueError(f"checkpoint position {position} is negative")
+        if state["world_size"] != world_size:
+            log.warning(
+                "resharding the mixture loader: checkpoint from %d data-parallel ranks, this run has %d; "
+                "continuing at sample %d with the rest split over the new ranks",
+                state["world_size"],
+                world_size,
+                position,
+            )
+        self.position = position
 
 
-def shuffled_budget_batches(
-    dataset: DocumentSequences, key: list[int], max_tokens: int, pool_size: int
-) -> list[np.ndarray]:
-    """One epoch of token-budget batches: a permutation of the samples seeded by ``key``, cut into
-    length-sorted batches (``token_budget_batches``), the batches then in an order seeded by ``key + [1]``."""
-    order = np.random.default_rng(key).permutation(len(dataset))
-    batches = token_budget_batches(dataset.lengths, order, max_tokens, pool_size)
-    shuffle = np.random.default_rng([*key, 1]).permutation(len(batches))
-    return [batches[i] for i in shuffle]
+class TrainLoader:
+    """Endless batches of ``datasets`` (one per mixture source), batched by ``batching``, in the order of a
+    single snapshot (``one_snapshot``) or of a declared mixture (``mixture``); see the module's docstring."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        datasets: Sequence[Dataset],
+        batching: Batching,
+        weights: Sequence[float] | None,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a data-parallel group of size {world_size}")
+        self.source_names = list(names)
+        self.datasets = list(datasets)
+        self.batching = batching
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.order: EpochOrder | BlendOrder
+        if weights is None:
+            (dataset,) = datasets
+            batching.check(datasets, ["the snapshot"])
+            source = SourceEpochs(dataset, [seed], batching)
+            units_per_step = batching.units_per_rank * world_size
+            if source.size(0) < units_per_step:
+                raise ValueError(batching.too_few(source.size(0), world_size))
+            self.order = EpochOrder(source, units_per_step)
+        else:
+            weights = _mixture_weights(names, datasets, weights)
+            batching.check(datasets, [f"source {name}" for name in names])
+            sources = [
+                SourceEpochs(dataset, [seed, index], batching) for index, dataset in enumerate(datasets)
+            ]
+            self.order = BlendOrder(names, weights, sources)
+        self.kind = self.order.kind_prefix + batching.kind
+
+    @classmethod
+    def one_snapshot(
+        cls, dataset: Dataset, batching: Batching, rank: int = 0, world_size: int = 1, seed: int = 0
+    ) -> TrainLoader:
+        return cls(["snapshot"], [dataset], batching, None, rank=rank, world_size=world_size, seed=seed)
+
+    @classmethod
+    def mixture(
+        cls,
+        names: Sequence[str],
+        datasets: Sequence[Dataset],
+        weights: Sequence[float],
+        batching: Batching,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ) -> TrainLoader:
+        return cls(names, datasets, batching, weights, rank=rank, world_size=world_size, seed=seed)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        picks = self.order.take(self.rank, self.world_size, self.batching.units_per_rank)
+        batch, rows = self.batching.batch([(self.datasets[source], unit) for source, unit in picks])
+        if not self.order.names_sources:
+            return batch
+        sources = torch.tensor([picks[row][0] for row in rows], dtype=torch.int64)
+        return SourcedBatch(*batch, sources)
+
+    # --- what the trainer logs and records -------------------------------------------------------------
+
+    def source_figures(self) -> dict[str, Any]:
+        """A declared mixture's ``source_samples`` (units each source has given so far, all ranks) and
+        ``source_epochs`` (passes over each source so far: 2.25 means twice through and a quarter of the
+        third; above 1 the source is being repeated); empty for a single snapshot."""
+        return self.order.figures()
+
+    # --- checkpointing ---------------------------------------------------------------------------------
+
+    def _identity(self) -> dict[str, Any]:
+        """Settings that define the order; a checkpoint is only valid with the same ones."""
+        return {"seed": self.seed, **self.order.identity(), **self.batching.identity()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "kind": self.kind,
+            **self.order.position_state(),
+            "world_size": self.world_size,
+            **self._identity(),
+            **self.order.figures(),
+            **self.batching.recorded(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` left off. Raises ValueError, naming the difference, if the checkpoint was
+        made with another kind of loader, seed, sources, weights, data or batching setting; a different
+        data-parallel size is resharded: the next step starts at the saved position, split over this run's
+        ranks."""
+        if state.get("version") != STATE_VERSION or state.get("kind") != self.kind:
+            raise ValueError(
+                f"the checkpoint's data loader state ({state.get('kind')!r}, version {state.get('version')}) "
+                f"is not a {self.kind!r} state of version {STATE_VERSION}; it cannot be resumed by this loader"
+            )
+        for key, value in self._identity().items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"cannot resume the data loader: the checkpoint has {key}={state.get(key)!r}, this run has "
+                    f"{value!r}; resuming would not continue the same sample order"
+                )
+        self.order.restore(state, self.world_size)
 
 
-def padded_batch(dataset: DocumentSequences, indices: np.ndarray, pad_id: int) -> Batch:
-    """The samples ``indices`` of ``dataset``, one per row, left-aligned and padded to the longest."""
-    width = int(dataset.lengths[indices].max())
-    inputs = np.full((len(indices), width), pad_id, dtype=np.int64)
-    targets = np.full((len(indices), width), IGNORE_INDEX, dtype=np.int64)
-    documents = np.full((len(indices), width), PAD_DOCUMENT, dtype=np.int64)
-    for row, index in enumerate(indices):
-        tokens = dataset[int(index)]
-        inputs[row, : len(tokens) - 1] = tokens[:-1]
-        targets[row, : len(tokens) - 1] = tokens[1:]
-        documents[row, : len(tokens) - 1] = 0
-    return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(documents))
+def _mixture_weights(
+    names: Sequence[str], datasets: Sequence[Dataset], weights: Sequence[float]
+) -> list[float]:
+    """The weights normalised, after checking there is one name and one positive weight per source."""
+    if not (len(names) == len(weights) == len(datasets)) or not names:
+        raise ValueError("a mixture needs one name and one weight per source, and at least one source")
+    if len(set(names)) != len(names):
+        raise ValueError(f"mixture source names must be distinct, got {list(names)}")
+    if any(not weight > 0 for weight in weights):
+        raise ValueError(f"mixture weights must be positive, got {list(weights)}")
+    total = sum(weights)
+    return [weight / total for weight in weights]
 
 
-def build_train_loader(
-    folder: Path,
-    config,
-    rank: int = 0,
-    world_size: int = 1,
-    pad_id: int | None = None,
-) -> DistributedBatchLoader | TokenBudgetBatchLoader:
-    """The loader ``config.data.batching`` asks for, sized by ``config.train`` (seq_len, batch_size)."""
-    train, data = config.train, config.data
-    if data.batching == "packed":
-        return DistributedBatchLoader(
-            PackedSequences(folder, train.seq_len),
-            train.batch_size,
-            rank=rank,
-            world_size=world_size,
-            seed=data.shuffle_seed(config.project.seed),
-        )
-    if pad_id is None:
-        raise ValueError(
-            "token_budget batching needs the tokenizer's pad id (the tokenize manifest's pad_id)"
-        )
-    return TokenBudgetBatchLoader(
-        DocumentSequences(folder, train.seq_len),
-        data.max_tokens_per_batch or train.batch_size * train.seq_len,
-        pad_id=pad_id,
-        rank=rank,
-        world_size=world_size,
-        seed=data.shuffle_seed(config.project.seed),
+def build_loader(mixture: Mixture, config, rank: int = 0, world_size: int = 1) -> TrainLoader:
+    """The training loader for ``mixture`` (``pipeline.data.mixture.resolve_mixture``), batched as
+    ``config.data`` says (batching, max_tokens_per_batch), sized by ``config.train`` (seq_len, batch_size).
+    No ``data.mixture`` (the mixture is the one snapshot being trained): the one-snapshot order."""
+    batching = batching_for(config, mixture.tokenizer.get("pad_id"))
+    datasets = [batching.dataset(source.folders(), config.train.seq_len) for source in mixture.sources]
+    weights = None if mixture.is_default else mixture.weights
+    seed = config.data.shuffle_seed(config.project.seed)
+    return TrainLoader(
+        mixture.names, datasets, batching, weights, rank=rank, world_size=world_size, seed=seed
     )

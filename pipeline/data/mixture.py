@@ -6,7 +6,7 @@ source, anything that would make training read the wrong thing: an unknown corpu
 complete tokenize output, a selection that matches nothing, a snapshot with no training tokens, and
 snapshots tokenized with different tokenizers (by digest, ``pipeline.tokenization.store``), since their ids
 would mean different words. With no ``data.mixture`` the mixture is the one snapshot being trained (the
-default, read by today's loaders unchanged).
+default: a mixture of one source, which ``pipeline.data.loader`` reads in the single-snapshot order).
 """
 
 from __future__ import annotations

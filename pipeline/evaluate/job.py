@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.loader import IGNORE_INDEX, TokenStream
+from pipeline.data.sequences import IGNORE_INDEX, TokenStream
 from pipeline.data.shards import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX, shard_prefixes
 from pipeline.model.inference import generations
 from pipeline.model.trained import TrainedRun

@@ -35,9 +35,9 @@ from pipeline.config import PipelineConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.manifest import DamagedInputError, Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.blend import BlendedPackedLoader, BlendedTokenBudgetLoader, build_loader
-from pipeline.data.loader import Batch, DistributedBatchLoader, TokenBudgetBatchLoader
+from pipeline.data.loader import TrainLoader, build_loader
 from pipeline.data.mixture import Mixture, resolve_mixture
+from pipeline.data.sequences import Batch
 from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.checkpoint import (
@@ -141,7 +141,7 @@ class Trainer(Stateful):
     model_config: GPTConfig
     precision: MixedPrecision
     parallelism: Parallelism  # this rank's model parts and how a step runs on them
-    loader: DistributedBatchLoader | TokenBudgetBatchLoader | BlendedPackedLoader | BlendedTokenBudgetLoader
+    loader: TrainLoader
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoint: CheckpointManager
@@ -451,9 +451,8 @@ class Trainer(Stateful):
             for name, (loss_sum, tokens) in zip(self.mixture.names, totals.tolist(), strict=True):
                 if tokens:
                     figures[f"loss.{name}"] = round(loss_sum / tokens, 6)
-        if isinstance(self.loader, BlendedPackedLoader | BlendedTokenBudgetLoader):
-            epochs = self.loader.source_epochs()
-            figures.update({f"epochs.{name}": round(value, 6) for name, value in epochs.items()})
+        epochs = self.loader.source_figures().get("source_epochs", {})
+        figures.update({f"epochs.{name}": round(value, 6) for name, value in epochs.items()})
         return figures
 
     def evaluate(self) -> dict[str, float]:
@@ -555,12 +554,9 @@ class Trainer(Stateful):
             self.ctx.close()
 
     def _data_figures(self) -> dict[str, Any]:
-        """Samples drawn and passes made per mixture source (the blended loaders'), for run.json and the
-        manifest; none for the one-snapshot loaders."""
-        loader = self.loader
-        if not isinstance(loader, BlendedPackedLoader | BlendedTokenBudgetLoader):
-            return {}
-        return {"source_samples": loader.source_samples(), "source_epochs": loader.source_epochs()}
+        """Samples drawn and passes made per declared mixture source, for run.json and the manifest; none for
+        a single snapshot."""
+        return self.loader.source_figures()
 
     def _write_samples(self) -> None:
         """Greedy continuations of tracking.sample_prompts into TensorBoard's text tab (rank 0)."""

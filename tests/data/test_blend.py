@@ -1,4 +1,4 @@
-"""The blended loader: shares by weight, one order for any number of ranks, exact resume, repeated sources."""
+"""The loader's mixture order: shares by weight, one order for any number of ranks, exact resume, repeated sources."""
 
 from __future__ import annotations
 
@@ -11,13 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.data.blend import (
-    BLEND_PERIOD,
-    BlendedPackedLoader,
-    BlendedTokenBudgetLoader,
-    blending_schedule,
-)
-from pipeline.data.loader import IGNORE_INDEX, DocumentSequences, PackedSequences
+from pipeline.data.batching import Packed, TokenBudget
+from pipeline.data.blend import BLEND_PERIOD, blending_schedule
+from pipeline.data.loader import TrainLoader
+from pipeline.data.sequences import IGNORE_INDEX, DocumentSequences, PackedSequences
 from tests.data.test_loader import write_shards
 
 ID_RANGE = 1000  # source i writes token ids in [i * 1000 + 1, i * 1000 + 999]; 0 is end-of-text
@@ -60,7 +57,11 @@ def three_sources(tmp_path):
 def packed_loader(folders, weights=(0.5, 0.3, 0.2), batch_size=4, seq_len=8, **kwargs):
     datasets = [PackedSequences(folder, seq_len) for folder in folders]
     names = [f"s{i}" for i in range(len(folders))]
-    return BlendedPackedLoader(names, datasets, weights, batch_size, **kwargs)
+    return TrainLoader.mixture(names, datasets, weights, Packed(batch_size), **kwargs)
+
+
+def budget_loader(names, datasets, weights, max_tokens, pad_id, pool_size=16_384, **kwargs):
+    return TrainLoader.mixture(names, datasets, weights, TokenBudget(max_tokens, pad_id, pool_size), **kwargs)
 
 
 def plain_megatron_schedule(weights, size):
@@ -107,9 +108,31 @@ def test_packed_token_shares_match_the_weights_and_rows_come_from_their_source(t
     shares = tokens / tokens.sum()
     assert np.all(np.abs(shares - [0.5, 0.3, 0.2]) <= 2 / rows + 2 / BLEND_PERIOD), shares
     # The small source (3 documents) gave far more than it holds: it was repeated, and counted as such.
-    epochs = loader.source_epochs()
+    epochs = loader.order.source_epochs()
     assert epochs["s2"] > 10 and epochs["s0"] < epochs["s2"]
-    assert loader.source_samples() == {f"s{i}": int(tokens[i] // 8) for i in range(3)}
+    assert loader.order.source_samples() == {f"s{i}": int(tokens[i] // 8) for i in range(3)}
+
+
+def test_packed_rows_are_the_windows_an_independent_reading_of_the_rules_gives(three_sources):
+    """Row k of the blend (counted over all ranks) comes from Megatron's source i for k; it is the j-th row
+    source i gives, so window j mod n_i of its epoch j div n_i, ordered by a permutation seeded (seed, i, epoch)."""
+    weights, seed = (0.5, 0.3, 0.2), 5
+    datasets = [PackedSequences(folder, 8) for folder in three_sources]
+    given = [0, 0, 0]
+    expected = []
+    for source in plain_megatron_schedule(weights, 400):
+        size, drawn = len(datasets[source]), given[source]
+        given[source] += 1
+        window = np.random.default_rng([seed, source, drawn // size]).permutation(size)[drawn % size]
+        expected.append((source, datasets[source][int(window)].tolist()))
+    assert given[2] > 2 * len(datasets[2])  # the small source is repeated
+    loader = packed_loader(three_sources, weights, batch_size=4, seed=seed)
+    got = []
+    for _ in range(100):
+        batch = next(loader)
+        rows = torch.cat([batch.inputs, batch.targets[:, -1:]], 1)
+        got += list(zip(batch.sources.tolist(), rows.tolist(), strict=True))
+    assert got == expected
 
 
 def test_token_budget_token_shares_match_the_weights(tmp_path):
@@ -121,7 +144,7 @@ def test_token_budget_token_shares_match_the_weights(tmp_path):
     write_source(short, 0, [400], lambda r: int(r.integers(2, 12)), seed=1)
     write_source(long, 1, [300], lambda r: int(r.integers(20, 120)), seed=2)
     datasets = [DocumentSequences(short, 64), DocumentSequences(long, 64)]
-    loader = BlendedTokenBudgetLoader(["short", "long"], datasets, [0.25, 0.75], 256, pad_id=7, seed=3)
+    loader = budget_loader(["short", "long"], datasets, [0.25, 0.75], 256, pad_id=7, seed=3)
     tokens = np.zeros(2)
     for _ in range(3000):
         batch = next(loader)
@@ -201,7 +224,7 @@ def test_token_budget_resume_and_resharding(tmp_path):
 
     def make(rank=0, world=1):
         datasets = [DocumentSequences(folder, 32) for folder in folders]
-        return BlendedTokenBudgetLoader(
+        return budget_loader(
             ["a", "b"], datasets, [2, 1], 128, pad_id=1, rank=rank, world_size=world, seed=2, pool_size=30
         )
 
@@ -238,13 +261,13 @@ def test_a_one_document_source_is_repeated_with_its_epochs_counted(tmp_path):
     passes = [seen[i : i + 4] for i in range(0, 100, 4)]
     assert all(set(p) == windows for p in passes)
     assert len({tuple(p) for p in passes}) > 1
-    assert loader.source_epochs()["s0"] == 25.0
+    assert loader.order.source_epochs()["s0"] == 25.0
     assert loader.state_dict()["source_epochs"]["s0"] == 25.0
 
     datasets = [DocumentSequences(one, 32), DocumentSequences(big, 32)]
-    budget = BlendedTokenBudgetLoader(["one", "big"], datasets, [1, 1], 64, pad_id=1, seed=0)
+    budget = budget_loader(["one", "big"], datasets, [1, 1], 64, pad_id=1, seed=0)
     draws = sum(int(next(budget).sources[0] == 0) for _ in range(200))
-    assert budget.source_epochs()["one"] == budget.source_samples()["one"] == draws > 1
+    assert budget.order.source_epochs()["one"] == budget.order.source_samples()["one"] == draws > 1
 
 
 def test_a_checkpoint_of_another_mixture_is_refused_naming_the_difference(three_sources):

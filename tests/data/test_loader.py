@@ -7,16 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.data.loader import (
-    IGNORE_INDEX,
-    PAD_DOCUMENT,
-    DistributedBatchLoader,
-    DocumentSequences,
-    PackedSequences,
-    TokenBudgetBatchLoader,
-    build_train_loader,
-    token_budget_batches,
-)
+from pipeline.data.batching import Packed, TokenBudget, batching_for, token_budget_batches
+from pipeline.data.loader import TrainLoader
+from pipeline.data.sequences import IGNORE_INDEX, PAD_DOCUMENT, DocumentSequences, PackedSequences
 from pipeline.data.shards import ShardFormatError, ShardWriter
 from tests.conftest import make_config
 
@@ -39,6 +32,14 @@ def corpus(tmp_path):
     rng = np.random.default_rng(1)
     documents = write_shards(tmp_path / "train", [30, 0, 25, 20], rng, lambda r: int(r.integers(2, 60)))
     return tmp_path / "train", documents
+
+
+def packed_loader(dataset, batch_size, **kwargs):
+    return TrainLoader.one_snapshot(dataset, Packed(batch_size), **kwargs)
+
+
+def budget_loader(dataset, max_tokens, pad_id, pool_size=16_384, **kwargs):
+    return TrainLoader.one_snapshot(dataset, TokenBudget(max_tokens, pad_id, pool_size), **kwargs)
 
 
 def reference_stream(documents):
@@ -86,8 +87,8 @@ def batches(loader, steps):
 def test_ranks_split_each_step_of_the_epoch_order(corpus):
     folder, _ = corpus
     dataset = PackedSequences(folder, seq_len=16)
-    loaders = [DistributedBatchLoader(dataset, batch_size=3, rank=r, world_size=2, seed=3) for r in range(2)]
-    steps = loaders[0].batches_per_epoch
+    loaders = [packed_loader(dataset, batch_size=3, rank=r, world_size=2, seed=3) for r in range(2)]
+    steps = loaders[0].order.batches_per_epoch
     seen = []
     for _ in range(steps):
         for loader in loaders:
@@ -104,9 +105,9 @@ def test_ranks_split_each_step_of_the_epoch_order(corpus):
 def test_same_seed_same_batches_other_seed_other_batches(corpus):
     folder, _ = corpus
     dataset = PackedSequences(folder, seq_len=8)
-    first = batches(DistributedBatchLoader(dataset, 4, seed=5), 12)
-    again = batches(DistributedBatchLoader(PackedSequences(folder, seq_len=8), 4, seed=5), 12)
-    other = batches(DistributedBatchLoader(dataset, 4, seed=6), 12)
+    first = batches(packed_loader(dataset, 4, seed=5), 12)
+    again = batches(packed_loader(PackedSequences(folder, seq_len=8), 4, seed=5), 12)
+    other = batches(packed_loader(dataset, 4, seed=6), 12)
     assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a.inputs, b.inputs) for a, b in zip(first, other, strict=True))
 
@@ -116,9 +117,9 @@ def test_packed_resume_mid_epoch_gives_the_identical_batch_sequence(corpus, worl
     folder, _ = corpus
     dataset = PackedSequences(folder, seq_len=16)
     for rank in range(world_size):
-        make = functools.partial(DistributedBatchLoader, dataset, 4, rank=rank, world_size=world_size, seed=9)
+        make = functools.partial(packed_loader, dataset, 4, rank=rank, world_size=world_size, seed=9)
         reference = make()
-        expected = batches(reference, 3 * reference.batches_per_epoch + 2)  # crosses epoch boundaries
+        expected = batches(reference, 3 * reference.order.batches_per_epoch + 2)  # crosses epoch boundaries
         first = make()
         batches(first, 5)
         state = first.state_dict()
@@ -134,7 +135,7 @@ def test_packed_resharding_continues_the_epoch_without_repeats_or_gaps(corpus, o
     dataset = PackedSequences(folder, seq_len=4)
     index_of = {tuple(dataset[i].tolist()): i for i in range(len(dataset))}
     assert len(index_of) == len(dataset), "random data: every window is distinct"
-    before = [DistributedBatchLoader(dataset, 2, rank=r, world_size=old, seed=1) for r in range(old)]
+    before = [packed_loader(dataset, 2, rank=r, world_size=old, seed=1) for r in range(old)]
     seen = []
     for _ in range(3):
         for loader in before:
@@ -143,12 +144,12 @@ def test_packed_resharding_continues_the_epoch_without_repeats_or_gaps(corpus, o
                 index_of[tuple(row)] for row in torch.cat([batch.inputs, batch.targets[:, -1:]], 1).tolist()
             ]
     state = before[0].state_dict()
-    after = [DistributedBatchLoader(dataset, 2, rank=r, world_size=new, seed=1) for r in range(new)]
+    after = [packed_loader(dataset, 2, rank=r, world_size=new, seed=1) for r in range(new)]
     for loader in after:
         loader.load_state_dict(state)
-    while after[0].epoch == 0:
+    while after[0].order.epoch == 0:
         step = [next(loader) for loader in after]
-        if after[0].epoch != 0:
+        if after[0].order.epoch != 0:
             break
         for batch in step:
             seen += [
@@ -162,19 +163,19 @@ def test_packed_resharding_continues_the_epoch_without_repeats_or_gaps(corpus, o
 def test_resume_with_other_data_or_seed_is_a_clear_error(corpus, tmp_path):
     folder, _ = corpus
     dataset = PackedSequences(folder, seq_len=16)
-    loader = DistributedBatchLoader(dataset, 2, seed=1)
+    loader = packed_loader(dataset, 2, seed=1)
     next(loader)
     state = loader.state_dict()
     with pytest.raises(ValueError, match="seed=1"):
-        DistributedBatchLoader(dataset, 2, seed=2).load_state_dict(state)
+        packed_loader(dataset, 2, seed=2).load_state_dict(state)
     other = tmp_path / "other"
     write_shards(other, [40], np.random.default_rng(7), lambda r: int(r.integers(2, 60)))
     with pytest.raises(ValueError, match="dataset="):
-        DistributedBatchLoader(PackedSequences(other, 16), 2, seed=1).load_state_dict(state)
+        packed_loader(PackedSequences(other, 16), 2, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset="):
-        DistributedBatchLoader(PackedSequences(folder, 8), 2, seed=1).load_state_dict(state)
+        packed_loader(PackedSequences(folder, 8), 2, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="not a 'token_budget' state"):
-        TokenBudgetBatchLoader(DocumentSequences(folder, 16), 64, pad_id=1, seed=1).load_state_dict(state)
+        budget_loader(DocumentSequences(folder, 16), 64, pad_id=1, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="not a 'packed' state"):
         loader.load_state_dict({"epoch": 0, "batch_in_epoch": 3, "world_size": 1, "seed": 1})
 
@@ -182,9 +183,9 @@ def test_resume_with_other_data_or_seed_is_a_clear_error(corpus, tmp_path):
 def test_bad_ranks_and_too_little_data_are_clear_errors(tmp_path, corpus):
     folder, _ = corpus
     with pytest.raises(ValueError, match="rank 2 is not in a data-parallel group of size 2"):
-        DistributedBatchLoader(PackedSequences(folder, 16), 2, rank=2, world_size=2)
+        packed_loader(PackedSequences(folder, 16), 2, rank=2, world_size=2)
     with pytest.raises(ValueError, match="cannot fill one batch"):
-        DistributedBatchLoader(PackedSequences(folder, 16), 1000, world_size=2)
+        packed_loader(PackedSequences(folder, 16), 1000, world_size=2)
     (tmp_path / "small").mkdir()
     with ShardWriter(tmp_path / "small" / "s", np.dtype(np.uint16)) as writer:
         writer.add_document([1, 2, 3])
@@ -244,10 +245,10 @@ def skewed_corpus(tmp_path):
 def test_dynamic_batches_fit_the_budget_and_waste_under_ten_percent_on_skewed_lengths(tmp_path):
     folder, documents = skewed_corpus(tmp_path)
     dataset = DocumentSequences(folder, max_len=512)
-    loader = TokenBudgetBatchLoader(dataset, max_tokens=4096, pad_id=1, seed=4, pool_size=2048)
+    loader = budget_loader(dataset, max_tokens=4096, pad_id=1, seed=4, pool_size=2048)
     padded = real = 0
     targets_seen = []
-    for _ in range(loader.batches_per_epoch):
+    for _ in range(loader.order.batches_per_epoch):
         batch = next(loader)
         assert batch.inputs.numel() <= 4096
         mask = batch.targets != IGNORE_INDEX
@@ -258,10 +259,36 @@ def test_dynamic_batches_fit_the_budget_and_waste_under_ten_percent_on_skewed_le
         padded += batch.inputs.numel()
         real += int(mask.sum())
         targets_seen.append(int(mask.sum()))
-    assert loader.epoch == 0
+    assert loader.order.epoch == 0
     assert real == sum(len(document) - 1 for document in documents)  # every prediction, once per epoch
     waste = 1 - real / padded
     assert waste < 0.10, f"padding waste {waste:.1%}"
+
+
+def test_dynamic_batches_are_those_an_independent_reading_of_the_rules_gives(tmp_path):
+    """Epoch e: the samples permuted by (seed, e), cut by token_budget_batches, the batches permuted by
+    (seed, e, 1); step s gives rank r batch s * world_size + r; an epoch's last incomplete step is skipped."""
+    folder, _ = skewed_corpus(tmp_path)
+    dataset = DocumentSequences(folder, max_len=256)
+    expected = []
+    for epoch in range(2):
+        order = np.random.default_rng([2, epoch]).permutation(len(dataset))
+        cut = token_budget_batches(dataset.lengths, order, 2048, 500)
+        shuffle = np.random.default_rng([2, epoch, 1]).permutation(len(cut))
+        epoch_batches = [cut[i] for i in shuffle]
+        expected += [epoch_batches[: len(epoch_batches) // 3 * 3]]
+    loaders = [
+        budget_loader(dataset, 2048, pad_id=1, rank=r, world_size=3, seed=2, pool_size=500) for r in range(3)
+    ]
+    for epoch_batches in expected:
+        for step in range(len(epoch_batches) // 3):
+            for rank, loader in enumerate(loaders):
+                batch = next(loader)
+                indices = epoch_batches[step * 3 + rank]
+                assert batch.inputs.shape[0] == len(indices)
+                for row, index in zip(batch.inputs.tolist(), indices, strict=True):
+                    sample = dataset[int(index)].tolist()[:-1]
+                    assert row[: len(sample)] == sample and set(row[len(sample) :]) <= {1}
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
@@ -270,7 +297,7 @@ def test_dynamic_resume_mid_epoch_gives_the_identical_batch_sequence(tmp_path, w
     dataset = DocumentSequences(folder, max_len=256)
     for rank in range(world_size):
         make = functools.partial(
-            TokenBudgetBatchLoader,
+            budget_loader,
             dataset,
             2048,
             pad_id=1,
@@ -280,7 +307,7 @@ def test_dynamic_resume_mid_epoch_gives_the_identical_batch_sequence(tmp_path, w
             pool_size=500,
         )
         reference = make()
-        total = reference.batches_per_epoch + 7  # into the second epoch
+        total = reference.order.batches_per_epoch + 7  # into the second epoch
         expected = batches(reference, total)
         first = make()
         batches(first, 9)
@@ -293,11 +320,11 @@ def test_dynamic_resume_mid_epoch_gives_the_identical_batch_sequence(tmp_path, w
 def test_dynamic_resharding_continues_with_the_remaining_batches(tmp_path):
     folder, _ = skewed_corpus(tmp_path)
     dataset = DocumentSequences(folder, max_len=256)
-    make = lambda rank, world: TokenBudgetBatchLoader(  # noqa: E731
+    make = lambda rank, world: budget_loader(  # noqa: E731
         dataset, 2048, pad_id=1, rank=rank, world_size=world, seed=2, pool_size=500
     )
     single = make(0, 1)
-    expected = batches(single, single.batches_per_epoch)
+    expected = batches(single, single.order.batches_per_epoch)
     before = [make(r, 2) for r in range(2)]
     got = []
     for _ in range(4):
@@ -311,44 +338,27 @@ def test_dynamic_resharding_continues_with_the_remaining_batches(tmp_path):
         assert torch.equal(want.inputs, have.inputs)
     assert len(expected) - len(got) < 3
     with pytest.raises(ValueError, match="max_tokens=2048"):
-        TokenBudgetBatchLoader(dataset, 4096, pad_id=1, seed=2, pool_size=500).load_state_dict(
-            before[0].state_dict()
-        )
+        budget_loader(dataset, 4096, pad_id=1, seed=2, pool_size=500).load_state_dict(before[0].state_dict())
 
 
 def test_token_budget_below_max_len_is_a_clear_error(corpus):
     folder, _ = corpus
     with pytest.raises(ValueError, match="below max_len"):
-        TokenBudgetBatchLoader(DocumentSequences(folder, 64), 32, pad_id=1)
+        budget_loader(DocumentSequences(folder, 64), 32, pad_id=1)
 
 
-def test_build_train_loader_follows_the_config(corpus, tmp_path):
+def test_the_batching_follows_the_config(corpus, tmp_path):
     folder, _ = corpus
     packed = make_config(tmp_path, "train.seq_len=8", "train.batch_size=2")
-    loader = build_train_loader(folder, packed, rank=1, world_size=2)
-    assert isinstance(loader, DistributedBatchLoader) and next(loader).inputs.shape == (2, 8)
+    batching = batching_for(packed, pad_id=None)
+    loader = TrainLoader.one_snapshot(batching.dataset([folder], 8), batching, rank=1, world_size=2)
+    assert loader.kind == "packed" and next(loader).inputs.shape == (2, 8)
     dynamic = make_config(
         tmp_path, "train.seq_len=8", "data.batching=token_budget", "data.max_tokens_per_batch=40"
     )
-    loader = build_train_loader(folder, dynamic, pad_id=1)
-    assert isinstance(loader, TokenBudgetBatchLoader)
+    batching = batching_for(dynamic, pad_id=1)
+    loader = TrainLoader.one_snapshot(batching.dataset([folder], 8), batching)
+    assert loader.kind == "token_budget"
     assert all(next(loader).inputs.numel() <= 40 for _ in range(20))
     with pytest.raises(ValueError, match="pad id"):
-        build_train_loader(folder, dynamic)
-
-
-@pytest.mark.parametrize("batching", ["packed", "token_budget"])
-def test_the_data_order_has_its_own_seed_defaulting_to_the_projects(corpus, tmp_path, batching):
-    """data.order_seed changes which windows a step reads and nothing else; unset, project.seed orders the
-    data as before (the ablation's A/A control keeps the weights' seed and changes only this one)."""
-    folder, _ = corpus
-    settings = ["train.seq_len=8", "train.batch_size=2", f"data.batching={batching}", "project.seed=3"]
-
-    def first_batches(*extra: str) -> list:
-        loader = build_train_loader(folder, make_config(tmp_path, *settings, *extra), pad_id=1)
-        return [next(loader).inputs.tolist() for _ in range(4)]
-
-    assert first_batches() == first_batches("data.order_seed=3")
-    assert first_batches() != first_batches("data.order_seed=4")
-    loader = build_train_loader(folder, make_config(tmp_path, *settings, "data.order_seed=4"), pad_id=1)
-    assert loader.state_dict()["seed"] == 4
+        batching_for(dynamic, pad_id=None)

@@ -1,5 +1,5 @@
 """data.mixture: validated at config load, resolved against the data root with one clear error per problem,
-and read by the right loader (today's for one snapshot, the blended one for a mixture)."""
+and read by the one loader in the right order (a single snapshot's epochs, or the blend of a mixture)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef, StageOutput
-from pipeline.data.blend import BlendedPackedLoader, BlendedTokenBudgetLoader, build_loader
-from pipeline.data.loader import DistributedBatchLoader
+from pipeline.data.loader import build_loader
 from pipeline.data.mixture import MixtureError, resolve_mixture
 from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from pipeline.tokenization.store import folder_digest
@@ -143,25 +142,44 @@ def test_a_malformed_mixture_fails_at_config_load_naming_the_key(tmp_path, value
         make_config(tmp_path, f"data.mixture={value}")
 
 
-def test_without_a_mixture_the_one_snapshot_is_read_by_todays_loader(data_root):
+def test_without_a_mixture_the_one_snapshot_is_read_in_its_own_order(data_root):
     config = make_config(data_root, "project.corpus=web", "train.seq_len=8", "train.batch_size=2")
     mixture = resolve_mixture(config, snapshot="2026-11-02")
     assert mixture.is_default and mixture.names == ["web"] and mixture.sources[0].snapshots == ["2026-11-02"]
     loader = build_loader(mixture, config, rank=1, world_size=2)
-    assert isinstance(loader, DistributedBatchLoader)
+    assert loader.kind == "packed"
     assert next(loader).sources is None
     with pytest.raises(MixtureError, match="snapshot 2026-12-01: corpus web has no tokenize output"):
         resolve_mixture(config, snapshot="2026-12-01")
 
 
-def test_a_mixture_is_read_by_the_blended_loader_of_the_configured_batching(data_root):
+def test_a_mixture_is_read_in_the_blended_order_with_the_configured_batching(data_root):
     spec = [{"corpus": "web", "snapshots": "all", "weight": 2}, {"corpus": "books", "weight": 1}]
     config = mixture_config(data_root, spec)
     loader = build_loader(resolve_mixture(config), config, rank=0, world_size=2)
-    assert isinstance(loader, BlendedPackedLoader) and loader.source_names == ["web", "books"]
+    assert loader.kind == "blended_packed" and loader.source_names == ["web", "books"]
     batch = next(loader)
     assert batch.inputs.shape == (2, 8) and batch.sources.tolist() == [0, 1]  # Megatron's rule: web, books
     budget = mixture_config(data_root, spec, "data.batching=token_budget", "data.max_tokens_per_batch=64")
     loader = build_loader(resolve_mixture(budget), budget)
-    assert isinstance(loader, BlendedTokenBudgetLoader)
+    assert loader.kind == "blended_token_budget"
     assert next(loader).inputs.numel() <= 64
+
+
+@pytest.mark.parametrize("batching", ["packed", "token_budget"])
+def test_the_data_order_has_its_own_seed_defaulting_to_the_projects(data_root, batching):
+    """data.order_seed changes which windows a step reads and nothing else; unset, project.seed orders the
+    data as before (the ablation's A/A control keeps the weights' seed and changes only this one)."""
+    settings = ["project.corpus=web", "train.seq_len=8", "train.batch_size=2", f"data.batching={batching}"]
+
+    def loader(*extra: str):
+        config = make_config(data_root, *settings, "project.seed=3", *extra)
+        return build_loader(resolve_mixture(config, snapshot="2026-11-02"), config)
+
+    def first_batches(*extra: str) -> list:
+        batches = loader(*extra)
+        return [next(batches).inputs.tolist() for _ in range(4)]
+
+    assert first_batches() == first_batches("data.order_seed=3")
+    assert first_batches() != first_batches("data.order_seed=4")
+    assert loader("data.order_seed=4").state_dict()["seed"] == 4

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.storage import DatasetRef
-from pipeline.data.loader import IGNORE_INDEX, build_train_loader
+from pipeline.data.loader import build_loader
+from pipeline.data.mixture import resolve_mixture
+from pipeline.data.sequences import IGNORE_INDEX
 from pipeline.model.gpt import GPT
 from pipeline.train.components.checkpoint_manager import seed_everything
 from pipeline.train.trainer import build_model_config, train
@@ -36,12 +38,11 @@ def test_token_budget_steps_weight_every_real_token_equally(tmp_path):
     )
     tokens = write_token_corpus(config, SNAPSHOT)
     vocab = tokens.manifest().extra["vocab_size"]
-    pad_id = tokens.manifest().extra["pad_id"]
     manifest = train(config, SNAPSHOT)
 
     # Independently: the first step's two batches from a fresh loader, the initial weights from the seed, and
     # a summed cross-entropy over all real tokens.
-    loader = build_train_loader(tokens.path / "train", config, pad_id=pad_id)
+    loader = build_loader(resolve_mixture(config, snapshot=SNAPSHOT), config)
     batches = [next(loader) for _ in range(2 * 4)]
     assert len({tuple(batch.inputs.shape) for batch in batches}) > 1  # really different shapes
     seed_everything(config.project.seed)

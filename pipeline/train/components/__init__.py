@@ -9,5 +9,5 @@
 - ``evaluation``: validation loss over a fixed set of windows, split over the ranks;
 - ``metrics``: throughput, MFU, memory and MoE routing figures for ``pipeline.tracking.metric_sinks``.
 
-The data loader is ``pipeline.data.loader`` (exact ``state_dict`` including resharding).
+The data loader is ``pipeline.data.loader.TrainLoader`` (exact ``state_dict`` including resharding).
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.data.loader import PackedSequences
+from pipeline.data.sequences import PackedSequences
 
 log = logging.getLogger(__name__)
 

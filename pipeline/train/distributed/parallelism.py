@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig
-from pipeline.data.loader import IGNORE_INDEX, Batch
+from pipeline.data.sequences import IGNORE_INDEX, Batch
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.distributed.compression import CompressionState, GradientCompression, build_compression

@@ -55,7 +55,7 @@ from torch.distributed.pipelining import (
 )
 
 from pipeline.config import PipelineConfig
-from pipeline.data.loader import IGNORE_INDEX, Batch
+from pipeline.data.sequences import IGNORE_INDEX, Batch
 from pipeline.model.checkpoint import shard_folder
 from pipeline.model.config import GPTConfig
 from pipeline.model.gpt import GPT, training_loss
