@@ -1,5 +1,5 @@
-"""The training DAGs' form (`pretrain`, `pretrain_every_snapshot`), declared once, and how a run's form and
-triggering asset event become one frozen config file.
+"""The training DAGs (`pretrain`, `pretrain_every_snapshot`), built by one factory; their form, declared once;
+and how a run's form and triggering asset event become one frozen config file.
 
 ``TRAINING_FORM`` is the form: each field's name, title and section, and the config key it sets. The Params
 the DAGs show are built from it (``form_params``): a field's type, bounds, enum and default description come
@@ -19,8 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
+import pendulum
+from airflow.sdk import DAG, Param, dag, get_current_context, task
 from annotated_types import Ge, Gt
 
+from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
+from operators.defaults import DEFAULT_ARGS, check_run_conf
+from operators.tasks import training_tasks
 from pipeline.config import PipelineConfig, config_key, freeze_config, key_choices, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.logs import run_folder
@@ -174,6 +179,14 @@ TRAINING_FORM: tuple[FormField, ...] = (
         param={"default": [], "type": ["null", "array"], "items": {"type": "string"}},
     ),
 )
+# `pretrain_every_snapshot`'s field besides the form: no config key, it names the mixture's corpus.
+CORPUS_PARAM: dict[str, Any] = {
+    "default": None,
+    "type": ["null", "string"],
+    "title": "Corpus",
+    "description": "Corpus whose every complete snapshot to train on; empty means the triggering event's.",
+    "section": "Data and config",
+}
 CONFIG_FILE = "pretrain-config.yaml"
 
 
@@ -275,3 +288,47 @@ def resolve_training_run(
     folder.mkdir(parents=True, exist_ok=True)
     path = freeze_config(config, Path(folder) / CONFIG_FILE)
     return {"snapshot": snapshot, "config_path": str(path)}
+
+
+def training_dag(
+    dag_id: str, *, doc_md: str | None, tags: list[str], every_snapshot: bool = False, **dag_args: Any
+) -> DAG:
+    """A training DAG: scheduled on the `token_shards` Asset and triggered by hand with the form; its first task
+    resolves and freezes the run's config (``resolve_training_run``), then the training stages read that file.
+
+    ``every_snapshot``: the scheduled variant, `pretrain_every_snapshot`: the form gains a corpus field, and a
+    run without a mixture trains on every complete snapshot of that corpus (else the event's). ``dag_args`` go to
+    the DAG (``is_paused_upon_creation``).
+    """
+    form: dict[str, dict[str, Any]] = {"corpus": CORPUS_PARAM} if every_snapshot else {}
+    form.update(form_params())
+
+    @dag(
+        dag_id=dag_id,
+        schedule=[TOKEN_SHARDS],
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        render_template_as_native_obj=True,
+        doc_md=doc_md,
+        tags=tags,
+        params={name: Param(**arguments) for name, arguments in form.items()},
+        **dag_args,
+    )
+    def training():
+        @task
+        def training_run(params=None, triggering_asset_events=None) -> dict[str, str]:
+            """Resolve, validate and freeze this run's config into one file; XCom: its path, the snapshot."""
+            context = get_current_context()
+            check_run_conf(context)
+            return resolve_training_run(
+                params,
+                latest_token_shards_extra(triggering_asset_events),
+                dag_run_id=context["run_id"],
+                every_snapshot=every_snapshot,
+            )
+
+        training_tasks(training_run())
+
+    return training()
