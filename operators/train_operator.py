@@ -15,6 +15,12 @@ from pipeline.stages import stage as registered_stage
 from pipeline.train.launch import name_run, train, training_inputs
 
 ON_FINISH = ("delete", "delete_succeeded", "keep")
+# Arguments that became config keys: a DAG passing one is told where it went.
+MOVED_TO_CONFIG = {
+    "launcher": "train.launcher",
+    "nproc_per_node": "train.nproc_per_node",
+    "nnodes": "train.nnodes",
+}
 SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
@@ -53,6 +59,11 @@ class TrainOperator(PipelineOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("task_id", "train")
+        for argument in sorted(set(kwargs) & set(MOVED_TO_CONFIG)):
+            raise TypeError(
+                f"TrainOperator({argument}=...) is the config key {MOVED_TO_CONFIG[argument]} now: set it in the "
+                "config file or the overrides"
+            )
         super().__init__(**kwargs)
         if on_finish not in ON_FINISH:
             raise ValueError(f"on_finish {on_finish!r} is not one of {ON_FINISH}")

@@ -125,3 +125,13 @@ def test_the_training_tasks_and_the_ranks_read_the_frozen_file_as_it_is(tmp_path
         ).resolved_config()
     with pytest.raises(AirflowFailException, match=r"train\.run_id"):
         op._with_run(config, "another-run")
+
+
+def test_the_train_operators_launch_arguments_are_config_keys_now():
+    import pytest
+
+    from operators.train_operator import TrainOperator
+
+    for argument, key in [("launcher", "train.launcher"), ("nproc_per_node", "train.nproc_per_node")]:
+        with pytest.raises(TypeError, match=rf"config key {key} now"):
+            TrainOperator(task_id="train", **{argument: "kubernetes"})
