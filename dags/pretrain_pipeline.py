@@ -28,9 +28,10 @@ from operators.tasks import corpus_stages, stage_tasks, training_stages
 )
 def pretrain_pipeline():
     crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge
-    # The data stages (the reports on the corpus are corpus_crawl's), then training on this machine.
+    # The data stages (the reports on the corpus are corpus_crawl's), then training as train.launcher says
+    # (by default torchrun on this machine).
     stages = [*corpus_stages(reports=False), *training_stages()]
-    stage_tasks(stages, after=crawl, torchrun={"launcher": "local"})
+    stage_tasks(stages, after=crawl)
 
 
 pretrain_pipeline()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import subprocess
 from collections.abc import Sequence
 from typing import Any
@@ -13,12 +14,18 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.defaults import check_run_conf, run_snapshot
-from pipeline.config import PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config, read_frozen_config
+from pipeline.core.config import without_config_environment
 from pipeline.core.proc import kill_group
 
 
 class PipelineOperator(BaseOperator):
-    """Base for operators that start a pipeline child process and must not orphan it."""
+    """Base for operators that start a pipeline child process and must not orphan it.
+
+    The config is ``config_path`` with ``overrides`` (and the worker's ``PRETRAIN__`` environment) on top, or,
+    with ``frozen_config``, the file a DAG's first task resolved and froze (``pipeline.config.freeze_config``),
+    read as it is by this task and its child processes.
+    """
 
     template_fields: Sequence[str] = ("snapshot", "config_path", "overrides")
 
@@ -28,12 +35,14 @@ class PipelineOperator(BaseOperator):
         snapshot: str | None = None,
         config_path: str | None = "{{ params.config_path }}",
         overrides: list[str] | str = "{{ params.overrides }}",
+        frozen_config: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.snapshot = snapshot
         self.config_path = config_path
         self.overrides = overrides
+        self.frozen_config = frozen_config
         self._process: subprocess.Popen | None = None
 
     def pre_execute(self, context) -> None:
@@ -60,8 +69,20 @@ class PipelineOperator(BaseOperator):
             return list(ast.literal_eval(self.overrides)) if self.overrides.strip() else []
         return list(self.overrides or [])
 
-    def resolved_config(self, extra_overrides: Sequence[str] = ()) -> PipelineConfig:
-        return load_config(self.config_path or None, [*self.override_list(), *extra_overrides])
+    def resolved_config(self) -> PipelineConfig:
+        if not self.frozen_config:
+            return load_config(self.config_path or None, self.override_list())
+        if not self.config_path or self.override_list():
+            raise AirflowFailException(
+                f"a frozen config is read as it is: give its file, and no overrides (got {self.config_path!r} "
+                f"and {self.override_list()!r})"
+            )
+        return read_frozen_config(self.config_path)
+
+    def child_environment(self) -> dict[str, str] | None:
+        """The child process's environment: this one's (None), but without the ``PRETRAIN__`` settings when the
+        config is frozen, which were applied once, when it was resolved."""
+        return without_config_environment(os.environ) if self.frozen_config else None
 
     def cli_arguments(self) -> list[str]:
         args = ["--snapshot", self.task_snapshot]

@@ -44,5 +44,5 @@ class PipelineStageOperator(PipelineOperator):
             *self.stage_arguments(config),
         ]
         self.log.info("running %s", " ".join(command))
-        run_streaming(command, logger=self.log, on_start=self.remember_process)
+        run_streaming(command, env=self.child_environment(), logger=self.log, on_start=self.remember_process)
         return str(self.output_ref(config).require().path)

@@ -45,13 +45,15 @@ def training_stages() -> list[Stage]:
 
 def training_tasks(run: Any) -> dict[str, BaseOperator]:
     """The training stages of a `pretrain` DAG on what its ``training_run`` task resolved (``run``: its XCom,
-    ``{snapshot, config_path}``), launched as the form's ``launcher`` says."""
+    ``{snapshot, config_path}``): each reads that frozen config file as it is, and training is launched as its
+    ``train.launcher`` says."""
     return stage_tasks(
         training_stages(),
         snapshot=run["snapshot"],
         config_path=run["config_path"],
         overrides=[],
-        torchrun={"launcher": "{{ params.launcher }}", "execution_timeout": TRAINING_TIMEOUT},
+        frozen_config=True,
+        torchrun={"execution_timeout": TRAINING_TIMEOUT},
     )
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from operators.base import PipelineOperator
-from operators.training import LAUNCHERS
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import DatasetRef
@@ -15,17 +15,25 @@ from pipeline.stages import stage as registered_stage
 from pipeline.train.launcher.launch import name_run, train, training_inputs
 
 ON_FINISH = ("delete", "delete_succeeded", "keep")
+# Arguments that became config keys: a DAG passing one is told where it went.
+MOVED_TO_CONFIG = {
+    "launcher": "train.launcher",
+    "nproc_per_node": "train.nproc_per_node",
+    "nnodes": "train.nnodes",
+}
 SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
 class TrainOperator(PipelineOperator):
-    """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow job on Kubernetes.
+    """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow job on Kubernetes, as the
+    config's ``train.launcher`` says. With a frozen config (``frozen_config``, the `pretrain` DAGs') the task and
+    the ranks read that file as it is: it must name the run (``train.run_id``), and nothing rewrites it.
 
-    ``launcher="local"`` trains as `pretrain train` does (the same run: new, resumed or ``train.run_id``,
+    ``train.launcher=local`` trains as `pretrain train` does (the same run: new, resumed or ``train.run_id``,
     under its lock) with torchrun as a child process in its own process group, streams every rank's output
     into the task log, and kills the whole group (agent and workers) when the task is killed.
 
-    ``launcher="kubernetes"`` renders, by the kubernetes setting ``api``, a Kubeflow Trainer v2 ``TrainJob``
+    ``train.launcher=kubernetes`` renders, by the kubernetes setting ``api``, a Kubeflow Trainer v2 ``TrainJob``
     (``trainer-v2``, the default; ``operators.kubeflow.trainjob``) or a legacy ``kubeflow.org/v1`` PyTorchJob
     (``pytorchjob-v1``; ``operators.kubeflow.pytorchjob_v1``), creates it, and defers to a trigger that polls the
     job's conditions. Both go through the same steps below. The job's name is derived from the
@@ -40,14 +48,9 @@ class TrainOperator(PipelineOperator):
     the JSON Airflow Variable ``pretrain_kubernetes``, then the ``kubernetes_settings`` argument.
     """
 
-    template_fields = (*PipelineOperator.template_fields, "launcher", "nproc_per_node", "nnodes")
-
     def __init__(
         self,
         *,
-        launcher: str = "local",
-        nproc_per_node: int | str | None = None,
-        nnodes: int | str | None = None,
         input_stage: str | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         kubernetes_settings: dict[str, Any] | None = None,
@@ -56,12 +59,14 @@ class TrainOperator(PipelineOperator):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("task_id", "train")
+        for argument in sorted(set(kwargs) & set(MOVED_TO_CONFIG)):
+            raise TypeError(
+                f"TrainOperator({argument}=...) is the config key {MOVED_TO_CONFIG[argument]} now: set it in the "
+                "config file or the overrides"
+            )
         super().__init__(**kwargs)
         if on_finish not in ON_FINISH:
             raise ValueError(f"on_finish {on_finish!r} is not one of {ON_FINISH}")
-        self.launcher = launcher
-        self.nproc_per_node = nproc_per_node
-        self.nnodes = nnodes
         self.input_stage = input_stage or registered_stage("train").reads[0]
         self.kubernetes_conn_id = kubernetes_conn_id
         self.kubernetes_settings = dict(kubernetes_settings or {})
@@ -69,39 +74,34 @@ class TrainOperator(PipelineOperator):
         self.poll_interval = poll_interval
         # (api, namespace, name) while this process watches a job
         self._job: tuple[str, str, str] | None = None
-        if not any(marker in str(launcher) for marker in ("{{", "{%")):
-            self._checked_launcher()
-
-    def _checked_launcher(self) -> str:
-        if self.launcher not in LAUNCHERS:
-            raise ValueError(f"launcher {self.launcher!r} is not supported; choose one of {LAUNCHERS}")
-        return self.launcher
-
-    def _config(self) -> PipelineConfig:
-        sizes = []
-        if self.nproc_per_node not in (None, ""):
-            sizes.append(f"train.nproc_per_node={int(self.nproc_per_node)}")
-        if self.nnodes not in (None, ""):
-            sizes.append(f"train.nnodes={int(self.nnodes)}")
-        return self.resolved_config(sizes)
 
     def execute(self, context) -> str:
-        launcher = self._checked_launcher()
-        config = self._config()
-        if launcher == "local":
+        config = self.resolved_config()
+        if config.train.launcher == "local":
             return self._run_local(config, training_inputs(config, self.task_snapshot, self.input_stage))
         return self._start_kubernetes(config, context)
+
+    def _with_run(self, config: PipelineConfig, run: str) -> PipelineConfig:
+        """``config`` training the run ``run``; a frozen config must name it already."""
+        if self.frozen_config and run != config.train.run_id:
+            raise AirflowFailException(
+                f"{self.config_path}: a frozen config is read as it is, so it names its run (train.run_id); "
+                f"it names {config.train.run_id!r}, this task would train {run!r}"
+            )
+        return config.with_run(run)
 
     # --- local ----------------------------------------------------------------------------------------
 
     def _run_local(self, config: PipelineConfig, inputs: list[DatasetRef]) -> str:
         """What `pretrain train` does: the same run (new, resumed or named), lock, threads and torchrun."""
         manifest = train(
-            config.with_run(name_run(config, self.task_snapshot)),
+            self._with_run(config, name_run(config, self.task_snapshot)),
             inputs,
             self.task_snapshot,
             on_line=lambda line: self.log.info("%s", line),
             on_start=self.remember_process,
+            # The ranks read the frozen file itself; else train() freezes this config for them.
+            config_path=Path(self.config_path) if self.frozen_config and self.config_path else None,
         )
         return manifest.path
 
@@ -140,7 +140,7 @@ class TrainOperator(PipelineOperator):
         # The one decision of the run the pods train: the config's, else the job's name, so a retry that
         # resubmits the job resumes it. execute_complete is handed the same run.
         run = name_run(config, self.task_snapshot, default=name)
-        config = config.with_run(run)
+        config = self._with_run(config, run)
         settings = self.job_settings()
         api = job_api(settings.api)
         lineage = Lineage(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number)
@@ -228,7 +228,7 @@ class TrainOperator(PipelineOperator):
         self._job = None
         if not succeeded:
             raise AirflowException(f"{api.kind} {namespace}/{name} ended {state}: {event.get('message', '')}")
-        train = DatasetRef.of(self._config().with_run(run), "train", self.task_snapshot)
+        train = DatasetRef.of(self.resolved_config().with_run(run), "train", self.task_snapshot)
         if not train.is_complete():
             self.log.warning(
                 "%s is not visible from this worker; mount the job's volume at project.data_root to read it",

@@ -1,11 +1,13 @@
-"""The `pretrain` DAG's form, declared once, and how a run's form and triggering asset event become one
-resolved config file.
+"""The training DAGs (`pretrain`, `pretrain_every_snapshot`), built by one factory; their form, declared once;
+and how a run's form and triggering asset event become one frozen config file.
 
 ``TRAINING_FORM`` is the form: each field's name, title and section, and the config key it sets. The Params
-the DAG shows are built from it (``form_params``): a field's type, bounds, enum and default description come
-from the config key's own declaration, so the form offers exactly what the config accepts. The train and report
-tasks then both read the one resolved file, so they agree on every value, and the file is the record of what
-this run trained with. XCom carries only its path and the snapshot name.
+the DAGs show are built from it (``form_params``): a field's type, bounds, enum and default description come
+from the config key's own declaration, so the form offers exactly what the config accepts, and a run's typed
+values set those keys as they are (``form_values``). ``training_run`` resolves the config once and freezes it
+into one file; the train task and its ranks, and the stages after it, read that file as it is, so they agree
+on every value, and the file is the record of what this run trained with. XCom carries only its path and the
+snapshot name.
 """
 
 from __future__ import annotations
@@ -17,114 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
+import pendulum
+from airflow.sdk import DAG, Param, dag, get_current_context, task
 from annotated_types import Ge, Gt
 
-from pipeline.config import PipelineConfig, config_key, key_choices, load_config
+from operators.assets import TOKEN_SHARDS, latest_token_shards_extra
+from operators.defaults import DEFAULT_ARGS, check_run_conf
+from operators.tasks import training_tasks
+from pipeline.config import PipelineConfig, config_key, freeze_config, key_choices, load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.storage import MissingInputError, local_path
 from pipeline.stages import training_input
 from pipeline.train.config import TrainConfig
-
-LAUNCHERS = ("local", "kubernetes")  # the training operator's: torchrun on the worker, or a Kubeflow job
-
-
-@dataclass(frozen=True)
-class FormField:
-    """One field of the `pretrain` form. With a ``key`` it sets that config key, its Param built from the key's
-    declaration (left empty, the config's value stands); without one, ``param`` is the Param's own schema."""
-
-    name: str
-    title: str
-    section: str
-    key: str | None = None
-    description: str = ""  # default: the config key's own description
-    param: dict[str, Any] = field(default_factory=dict)
-
-
-TRAINING_FORM: tuple[FormField, ...] = (
-    FormField("preset", "Model preset", "Model", "model.preset", "Named model size."),
-    FormField("precision", "Precision", "Model", "train.precision"),
-    FormField("steps", "Training steps", "Training", "train.steps", "Optimizer steps."),
-    FormField(
-        "launcher",
-        "Launcher",
-        "Training",
-        description="local: torchrun on the Airflow worker. kubernetes: a Kubeflow Trainer v2 TrainJob (or a v1 "
-        "PyTorchJob, by the pretrain_kubernetes Variable's api).",
-        param={"default": "local", "type": "string", "enum": list(LAUNCHERS)},
-    ),
-    FormField("nodes", "Nodes", "Training", "train.nnodes", "Machines (Kubernetes pods)."),
-    FormField(
-        "processes_per_node",
-        "Processes per node",
-        "Training",
-        "train.nproc_per_node",
-        "torchrun processes per node, usually one per GPU.",
-    ),
-    FormField(
-        "pp_degree",
-        "Pipeline-parallel degree",
-        "Parallelism",
-        "train.pp_degree",
-        "Ranks the model is cut into by layers (pp; the other ranks are data parallel).",
-    ),
-    FormField(
-        "pp_microbatches",
-        "Pipeline micro-batches",
-        "Parallelism",
-        "train.pp_microbatches",
-        "Micro-batches per step through the pipeline.",
-    ),
-    FormField("pp_schedule", "Pipeline schedule", "Parallelism", "train.pp_schedule"),
-    FormField(
-        "pp_virtual_stages",
-        "Virtual stages per rank",
-        "Parallelism",
-        "train.pp_virtual_stages",
-        "Virtual pipeline stages per rank (interleaved_1f1b needs 2 or more).",
-    ),
-    FormField(
-        "mlflow_experiment",
-        "MLflow experiment",
-        "Tracking",
-        "tracking.experiment",
-        "Experiment to record the run in (default pretrain-<corpus>-<preset>).",
-    ),
-    FormField(
-        "mixture",
-        "Mixture",
-        "Data and config",
-        description="Train on a weighted mixture of corpora and snapshots (JSON: a list of {corpus, snapshots, "
-        "weight, name}; snapshots: 'all', names, 'last:N', 'FROM..TO' or a glob), for example "
-        + json.dumps([{"corpus": "web", "snapshots": "all", "weight": 3}, {"corpus": "books", "weight": 1}])
-        + ". Empty trains on the one snapshot below. Snapshot then only names the run's folder.",
-        param={},  # mixture_param(): the schema of data.mixture's sources
-    ),
-    FormField(
-        "snapshot",
-        "Snapshot",
-        "Data and config",
-        description="Token shards to train on; empty means the triggering event's, else the newest.",
-        param={"default": None, "type": ["null", "string"]},
-    ),
-    FormField(
-        "config_path",
-        "Config file",
-        "Data and config",
-        description="YAML config file; empty means the corpus's config, else built-in defaults.",
-        param={"default": None, "type": ["null", "string"]},
-    ),
-    FormField(
-        "overrides",
-        "Config overrides",
-        "Data and config",
-        description="One key=value per line, e.g. train.lr=0.001.",
-        param={"default": [], "type": ["null", "array"], "items": {"type": "string"}},
-    ),
-)
-CONFIG_FILE = "pretrain-config.yaml"
 
 _JSON_TYPES: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
@@ -171,13 +79,125 @@ def mixture_param() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class FormField:
+    """One field of the `pretrain` form. With a ``key`` it sets that config key to the field's typed value; its
+    Param is built from the key's declaration (left empty, the config's value stands) unless ``param`` gives
+    the Param's own schema. Without a key it is one of the run's inputs (``RUN_FIELDS``), not a setting."""
+
+    name: str
+    title: str
+    section: str
+    key: str | None = None
+    description: str = ""  # default: the config key's own description
+    param: dict[str, Any] = field(default_factory=dict)
+
+
+# The fields that are no config key: which snapshot, which config file, which --set overrides.
+RUN_FIELDS = ("snapshot", "config_path", "overrides")
+
+TRAINING_FORM: tuple[FormField, ...] = (
+    FormField("preset", "Model preset", "Model", "model.preset", "Named model size."),
+    FormField("precision", "Precision", "Model", "train.precision"),
+    FormField("steps", "Training steps", "Training", "train.steps", "Optimizer steps."),
+    FormField(
+        "launcher",
+        "Launcher",
+        "Training",
+        "train.launcher",
+        description="local: torchrun on the Airflow worker. kubernetes: a Kubeflow Trainer v2 TrainJob (or a v1 "
+        "PyTorchJob, by the pretrain_kubernetes Variable's api).",
+        # Never empty: an asset-triggered run takes the form's defaults, and trains here.
+        param={"default": "local", "type": "string", "enum": list(key_choices("train.launcher") or ())},
+    ),
+    FormField("nodes", "Nodes", "Training", "train.nnodes", "Machines (Kubernetes pods)."),
+    FormField(
+        "processes_per_node",
+        "Processes per node",
+        "Training",
+        "train.nproc_per_node",
+        "torchrun processes per node, usually one per GPU.",
+    ),
+    FormField(
+        "pp_degree",
+        "Pipeline-parallel degree",
+        "Parallelism",
+        "train.pp_degree",
+        "Ranks the model is cut into by layers (pp; the other ranks are data parallel).",
+    ),
+    FormField(
+        "pp_microbatches",
+        "Pipeline micro-batches",
+        "Parallelism",
+        "train.pp_microbatches",
+        "Micro-batches per step through the pipeline.",
+    ),
+    FormField("pp_schedule", "Pipeline schedule", "Parallelism", "train.pp_schedule"),
+    FormField(
+        "pp_virtual_stages",
+        "Virtual stages per rank",
+        "Parallelism",
+        "train.pp_virtual_stages",
+        "Virtual pipeline stages per rank (interleaved_1f1b needs 2 or more).",
+    ),
+    FormField(
+        "mlflow_experiment",
+        "MLflow experiment",
+        "Tracking",
+        "tracking.experiment",
+        "Experiment to record the run in (default pretrain-<corpus>-<preset>).",
+    ),
+    FormField(
+        "mixture",
+        "Mixture",
+        "Data and config",
+        "data.mixture",
+        description="Train on a weighted mixture of corpora and snapshots (JSON: a list of {corpus, snapshots, "
+        "weight, name}; snapshots: 'all', names, 'last:N', 'FROM..TO' or a glob), for example "
+        + json.dumps([{"corpus": "web", "snapshots": "all", "weight": 3}, {"corpus": "books", "weight": 1}])
+        + ". Empty trains on the one snapshot below. Snapshot then only names the run's folder.",
+        param=mixture_param(),
+    ),
+    FormField(
+        "snapshot",
+        "Snapshot",
+        "Data and config",
+        description="Token shards to train on; empty means the triggering event's, else the newest.",
+        param={"default": None, "type": ["null", "string"]},
+    ),
+    FormField(
+        "config_path",
+        "Config file",
+        "Data and config",
+        description="YAML config file; empty means the corpus's config, else built-in defaults.",
+        param={"default": None, "type": ["null", "string"]},
+    ),
+    FormField(
+        "overrides",
+        "Config overrides",
+        "Data and config",
+        description="One key=value per line, e.g. train.lr=0.001.",
+        param={"default": [], "type": ["null", "array"], "items": {"type": "string"}},
+    ),
+)
+# `pretrain_every_snapshot`'s field besides the form: no config key, it names the mixture's corpus.
+CORPUS_PARAM: dict[str, Any] = {
+    "default": None,
+    "type": ["null", "string"],
+    "title": "Corpus",
+    "description": "Corpus whose every complete snapshot to train on; empty means the triggering event's.",
+    "section": "Data and config",
+}
+CONFIG_FILE = "pretrain-config.yaml"
+
+
 def form_params() -> dict[str, dict[str, Any]]:
     """Each form field's Param arguments (``Param(**arguments)``), in form order."""
     params = {}
     for entry in TRAINING_FORM:
-        if entry.key is None:
+        if entry.param or entry.key is None:
             params[entry.name] = {
-                **(mixture_param() if entry.name == "mixture" else entry.param),
+                **entry.param,
                 "title": entry.title,
                 "description": entry.description,
                 "section": entry.section,
@@ -195,18 +215,19 @@ def form_params() -> dict[str, dict[str, Any]]:
     return params
 
 
-def param_overrides(params: Mapping[str, Any]) -> list[str]:
-    """The config overrides of a run's filled-in form fields; a field left empty keeps the config's value."""
+def form_values(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The config keys a run's filled-in form fields set, to their typed values; a field left empty keeps the
+    config's value."""
     names = {entry.name for entry in TRAINING_FORM}
     for old, new in TrainConfig.renamed_keys.items():
         # The fields are named after their keys; Airflow would pass a run's unknown conf key by unread.
         if old in params and new in names:
             raise ConfigError(f"form field {old!r} is now {new!r} (train.{new}); set that field instead")
-    return [
-        f"{entry.key}={params[entry.name]}"
+    return {
+        entry.key: params[entry.name]
         for entry in TRAINING_FORM
-        if entry.key is not None and params.get(entry.name) is not None and params.get(entry.name) != ""
-    ]
+        if entry.key is not None and params.get(entry.name) not in (None, "", [])
+    }
 
 
 def latest_snapshot(config: PipelineConfig, stage: str) -> str:
@@ -235,29 +256,26 @@ def resolve_training_run(
     dag_run_id: str | None = None,
     every_snapshot: bool = False,
 ) -> dict[str, str]:
-    """Validate the run's config and write it to the run folder; returns {"snapshot", "config_path"}.
+    """Resolve and validate the run's config once and freeze it into one file in the run folder, which every
+    later process of the run reads as it is; returns {"snapshot", "config_path"}.
 
     Precedence, lowest first: the config the corpus was built with (from the asset event), the form's
-    config file and overrides, then the form's typed fields. A bad value fails here, naming the key,
-    before any training starts; so does a mixture (the form's, or with ``every_snapshot`` every complete
-    snapshot of the form's corpus, else the event's) that cannot be read. Unless the settings name one, the training run (``train.run_id``) is
-    named after the DAG run: each DAG run trains and reports its own run, so a sweep (one DAG run per
-    setting) keeps every run, and a retried train task resumes its own.
+    config file and overrides, then the form's typed fields, set as they are (``form_values``). A bad value
+    fails here, naming the key, before any training starts; so does a mixture (the form's, or with
+    ``every_snapshot`` every complete snapshot of the form's corpus, else the event's) that cannot be read.
+    Unless the settings name one, the training run (``train.run_id``) is named after the DAG run: each DAG run
+    trains and reports its own run, so a sweep (one DAG run per setting) keeps every run, and a retried train
+    task resumes its own.
     """
     config_path = params.get("config_path") or event_extra.get("config_path") or None
-    overrides = [
-        *event_extra.get("overrides", []),
-        *(params.get("overrides") or []),
-        *param_overrides(params),
-    ]
-    if params.get("mixture"):
-        overrides.append(f"data.mixture={json.dumps(list(params['mixture']))}")
+    overrides = [*event_extra.get("overrides", []), *(params.get("overrides") or [])]
+    values = form_values(params)
     try:
-        config = load_config(config_path, overrides)
+        config = load_config(config_path, overrides, values=values)
         if every_snapshot and not config.data.mixture:
             # The scheduled variant: everything the corpus has, however many snapshots that is now.
             everything = [{"corpus": params.get("corpus") or config.project.corpus, "snapshots": "all"}]
-            config = load_config(config_path, [*overrides, f"data.mixture={json.dumps(everything)}"])
+            config = load_config(config_path, overrides, values={**values, "data.mixture": everything})
     except ConfigError as exc:
         raise ConfigError(f"the pretrain run's settings are invalid: {exc}") from None
     if dag_run_id and config.train.run_id is None:
@@ -274,6 +292,49 @@ def resolve_training_run(
         snapshot = snapshot or latest_snapshot(config, training_input().name)
     folder = run_folder(config)
     folder.mkdir(parents=True, exist_ok=True)
-    path = Path(folder) / CONFIG_FILE
-    path.write_text(config.to_yaml())
+    path = freeze_config(config, Path(folder) / CONFIG_FILE)
     return {"snapshot": snapshot, "config_path": str(path)}
+
+
+def training_dag(
+    dag_id: str, *, doc_md: str | None, tags: list[str], every_snapshot: bool = False, **dag_args: Any
+) -> DAG:
+    """A training DAG: scheduled on the `token_shards` Asset and triggered by hand with the form; its first task
+    resolves and freezes the run's config (``resolve_training_run``), then the training stages read that file.
+
+    ``every_snapshot``: the scheduled variant, `pretrain_every_snapshot`: the form gains a corpus field, and a
+    run without a mixture trains on every complete snapshot of that corpus (else the event's). ``dag_args`` go to
+    the DAG (``is_paused_upon_creation``).
+    """
+    form: dict[str, dict[str, Any]] = {"corpus": CORPUS_PARAM} if every_snapshot else {}
+    form.update(form_params())
+
+    @dag(
+        dag_id=dag_id,
+        schedule=[TOKEN_SHARDS],
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        render_template_as_native_obj=True,
+        doc_md=doc_md,
+        tags=tags,
+        params={name: Param(**arguments) for name, arguments in form.items()},
+        **dag_args,
+    )
+    def training():
+        @task
+        def training_run(params=None, triggering_asset_events=None) -> dict[str, str]:
+            """Resolve, validate and freeze this run's config into one file; XCom: its path, the snapshot."""
+            context = get_current_context()
+            check_run_conf(context)
+            return resolve_training_run(
+                params,
+                latest_token_shards_extra(triggering_asset_events),
+                dag_run_id=context["run_id"],
+                every_snapshot=every_snapshot,
+            )
+
+        training_tasks(training_run())
+
+    return training()

@@ -22,7 +22,15 @@ from pipeline.model.config import model_config
 from pipeline.stages import BY_NAME, config_sections
 from pipeline.train.config import pipeline_layout_problem
 
-__all__ = ["ConfigError", "PipelineConfig", "config_key", "key_choices", "load_config"]
+__all__ = [
+    "ConfigError",
+    "PipelineConfig",
+    "config_key",
+    "freeze_config",
+    "key_choices",
+    "load_config",
+    "read_frozen_config",
+]
 
 
 class _PipelineTree(CoreConfig):
@@ -80,9 +88,25 @@ def load_config(
     path: str | Path | None = None,
     overrides: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> PipelineConfig:
-    """Defaults < YAML file < ``PRETRAIN__SECTION__KEY`` environment < ``--set`` overrides, validated."""
-    return load_tree(PipelineConfig, path, overrides, environ)
+    """Defaults < YAML file < ``PRETRAIN__SECTION__KEY`` environment < ``--set`` overrides < typed ``values``
+    (dotted key -> value, the Airflow form's), validated."""
+    return load_tree(PipelineConfig, path, overrides, environ, values)
+
+
+def freeze_config(config: PipelineConfig, path: str | Path) -> Path:
+    """Write a run's resolved config to ``path``: the one file its later processes read as it is
+    (``read_frozen_config``)."""
+    path = Path(path)
+    path.write_text(config.to_yaml())
+    return path
+
+
+def read_frozen_config(path: str | Path) -> PipelineConfig:
+    """The config ``freeze_config`` wrote, as it is: no environment variables or overrides on top (they were
+    applied once, when it was resolved)."""
+    return load_config(path, (), environ={})
 
 
 def config_key(dotted: str) -> FieldInfo:

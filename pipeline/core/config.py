@@ -7,7 +7,8 @@ sections that no stage owns (`project`, `spark`, `logging`); each stage's own se
 
 Precedence, lowest first: defaults in the section models, a YAML file, environment variables
 (``PRETRAIN__TRAIN__STEPS=10``), then CLI overrides (``--set train.steps=10``). The tree is validated before
-any work starts, and every error names the dotted key at fault.
+any work starts, and every error names the dotted key at fault. Typed values (the Airflow form's fields)
+come last, set as given.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ UnicodeForm = Literal["NFC", "NFKC"]
 # ``Field(..., json_schema_extra=NAMES_OUTPUT)``: a key that names where an output goes, not how it is made;
 # the config hash leaves it out.
 NAMES_OUTPUT: dict[str, Any] = {"names_output": True}
+# ``Field(..., json_schema_extra=CHOOSES_LAUNCHER)``: a key that says how training is started (torchrun here, a
+# Kubernetes job), not what it computes; the config hash leaves it out too, so both launchers of the same settings
+# share one hash.
+CHOOSES_LAUNCHER: dict[str, Any] = {"chooses_launcher": True}
 
 
 class ConfigError(ValueError):
@@ -135,14 +140,15 @@ class CoreConfig(Section):
     def hash(self) -> str:
         """Stable digest of the resolved settings; recorded in every manifest and MLflow run.
 
-        Keys that only name an output (marked ``NAMES_OUTPUT``, such as ``train.run_id``) are left out, as
-        the snapshot is: two runs of the same settings share one hash.
+        Keys that only name an output (marked ``NAMES_OUTPUT``, such as ``train.run_id``) or choose the
+        launcher (``CHOOSES_LAUNCHER``) are left out, as the snapshot is: two runs of the same settings share
+        one hash.
         """
         tree = self.to_dict()
         for name in type(self).model_fields:
             section = getattr(self, name)
             for key, field in type(section).model_fields.items():
-                if (field.json_schema_extra or {}) == NAMES_OUTPUT:
+                if (field.json_schema_extra or {}) in (NAMES_OUTPUT, CHOOSES_LAUNCHER):
                     tree[name].pop(key, None)
         canonical = json.dumps(tree, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -365,6 +371,12 @@ def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
+def without_config_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the ``PRETRAIN__`` settings: for a child process that reads a resolved config file,
+    which holds them already, so nothing applies twice."""
+    return {key: value for key, value in environ.items() if not key.startswith(ENV_PREFIX)}
+
+
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     pairs = []
     for name, raw in sorted(environ.items()):
@@ -413,8 +425,12 @@ def load_tree(
     path: str | Path | None = None,
     overrides: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Tree:
     """Build and validate a config tree of type ``schema``; raises ConfigError naming the bad key.
+
+    ``values`` (dotted key -> value) come last and are set as given, typed, not parsed from text: the
+    Airflow form's fields.
 
     Callers want ``pipeline.config.load_config``, which passes the whole pipeline's tree.
     """
@@ -433,6 +449,9 @@ def load_tree(
     for dotted, value in parse_overrides(overrides):
         _set_dotted(tree, schema, dotted, value, source="--set")
         sources[dotted] = "--set"
+    for dotted, value in (values or {}).items():
+        _set_dotted(tree, schema, dotted, value, source="the form")
+        sources[dotted] = "the form"
     _check_values(tree, sources)
     try:
         return schema.model_validate(tree)

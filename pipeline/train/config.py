@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.core.config import NAMES_OUTPUT, Section
+from pipeline.core.config import CHOOSES_LAUNCHER, NAMES_OUTPUT, Section
 from pipeline.core.storage import validate_run_id
 
 # Sane bounds, checked before any work: a typo such as a 23-digit step count or a 10^8-token sequence
@@ -91,6 +91,13 @@ class TrainConfig(Section):
         None,
         gt=0,
         description="peak FLOP/s of one device for MFU; default: known GPUs in bf16/fp16, else no MFU",
+    )
+    launcher: Literal["local", "kubernetes"] = Field(
+        "local",
+        json_schema_extra=CHOOSES_LAUNCHER,
+        description="how an Airflow train task starts the training: local, torchrun on the worker; kubernetes, a "
+        "Kubeflow job (a Trainer v2 TrainJob, or a v1 PyTorchJob, by the pretrain_kubernetes Variable's api). "
+        "`pretrain train` always runs torchrun here",
     )
     nproc_per_node: int = Field(2, gt=0, description="processes torchrun starts on each node")
     nnodes: int = Field(1, gt=0, description="nodes (torchrun agents); above 1 they meet at rdzv_endpoint")

@@ -353,7 +353,7 @@ def test_marking_a_running_train_task_failed_kills_every_torchrun_process(airflo
     publish_copy(corpus_config, snapshot, "tokenize", airflow.data_root, "kill")
     airflow.unpause("pretrain")
     run_id = airflow.trigger("pretrain", {"snapshot": "kill", "steps": 1_000_000, "processes_per_node": 2})
-    marker = "/train-kill-"  # the config file train-kill-<run>-config.yaml, in the agent and ranks argv
+    marker = "--snapshot kill"  # in the agent's and the ranks' argv
     started = airflow.wait(
         lambda: len(torchrun_processes(marker)) >= 3 and torchrun_processes(marker), "torchrun"
     )

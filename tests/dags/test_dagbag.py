@@ -258,7 +258,7 @@ def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
     assert sorted(dag.task_ids) == sorted([*order, "evaluate"])
     assert_chain(dag, order)
     assert_chain(dag, ["train", "evaluate", "report"])
-    assert dag.get_task("train").launcher == "local"
+    assert not dag.get_task("train").frozen_config  # the run's config file and overrides, as every stage's
     assert set(dag.params) >= {"snapshot", "config_path", "overrides"}
 
 

@@ -1,4 +1,4 @@
-"""TrainOperator(launcher="local"): a killed task leaves no torchrun agent or worker behind."""
+"""TrainOperator (train.launcher=local): a killed task leaves no torchrun agent or worker behind."""
 
 import shutil
 import threading
@@ -42,11 +42,9 @@ def test_on_kill_takes_down_the_whole_torchrun_group(sample_corpus, tmp_path):
     shutil.copytree(tokens.path, root / config.project.corpus / "tokenize" / "kill")
     op = TrainOperator(
         task_id="train",
-        launcher="local",
         snapshot="kill",
         config_path="",
         overrides=[f"project.data_root={root}", "train.steps=1000000", "logging.console=false"],
-        nproc_per_node=2,
     )
     outcome: dict = {}
 

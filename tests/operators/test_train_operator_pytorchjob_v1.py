@@ -1,4 +1,4 @@
-"""TrainOperator(launcher="kubernetes") against a local server speaking the Kubernetes REST protocol.
+"""TrainOperator (train.launcher=kubernetes) against a local server speaking the Kubernetes REST protocol.
 
 PROTOCOL TESTS, NOT A CLUSTER TEST: no Kubernetes API server can run on these machines. The server in
 ``k8s_api_server.py`` answers the PyTorchJob and pod-log endpoints the way the API server does (status
@@ -27,10 +27,14 @@ def operator(tmp_path, **kwargs):
     """A fresh operator, as each Airflow try builds one from the DAG in a new process."""
     op = TrainOperator(
         task_id="train",
-        launcher="kubernetes",
         snapshot="2026-11-29",
         config_path="",
-        overrides=[f"project.data_root={tmp_path / 'data'}", "train.nnodes=2", "train.nproc_per_node=4"],
+        overrides=[
+            f"project.data_root={tmp_path / 'data'}",
+            "train.nnodes=2",
+            "train.nproc_per_node=4",
+            "train.launcher=kubernetes",
+        ],
         kubernetes_settings={
             "namespace": NAMESPACE,
             "image": "pretrain-pipeline:test",

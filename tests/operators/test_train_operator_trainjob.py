@@ -1,4 +1,4 @@
-"""TrainOperator(launcher="kubernetes") with kubernetes api=trainer-v2 (the default): Kubeflow Trainer v2
+"""TrainOperator (train.launcher=kubernetes) with kubernetes api=trainer-v2 (the default): Kubeflow Trainer v2
 TrainJobs, against a local server speaking the Kubernetes REST protocol.
 
 PROTOCOL TESTS, NOT A CLUSTER TEST: no Kubernetes API server (nor Kubeflow Trainer, nor JobSet) can run on
@@ -32,10 +32,14 @@ def operator(tmp_path, settings=None, **kwargs):
     """A fresh operator, as each Airflow try builds one from the DAG in a new process."""
     return TrainOperator(
         task_id="train",
-        launcher="kubernetes",
         snapshot="2026-11-29",
         config_path="",
-        overrides=[f"project.data_root={tmp_path / 'data'}", "train.nnodes=2", "train.nproc_per_node=4"],
+        overrides=[
+            f"project.data_root={tmp_path / 'data'}",
+            "train.nnodes=2",
+            "train.nproc_per_node=4",
+            "train.launcher=kubernetes",
+        ],
         kubernetes_settings={"namespace": NAMESPACE, "image": "pretrain-pipeline:test", **(settings or {})},
         poll_interval=0.01,
         **kwargs,

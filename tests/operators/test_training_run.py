@@ -100,3 +100,47 @@ def test_the_scheduled_variant_trains_on_every_snapshot_of_the_events_corpus(tmp
     # Without every_snapshot the same event trains its own snapshot, as before.
     single = resolve_training_run({}, event, dag_run_id=DAG_RUN)
     assert load_config(single["config_path"], environ={}).data.mixture is None
+
+
+def test_the_training_tasks_and_the_ranks_read_the_frozen_file_as_it_is(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import pytest
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from operators.train_operator import TrainOperator
+    from pipeline.train.launcher.launch import prepare_torchrun, training_inputs
+
+    base = load_config(None, [f"project.data_root={tmp_path}"], environ={})
+    publish_tokens(base, base.project.corpus, "demo")
+    params = {"snapshot": "demo", "overrides": [f"project.data_root={tmp_path}"], "steps": 3}
+    frozen = Path(resolve_training_run(params, {}, dag_run_id=DAG_RUN)["config_path"])
+    text = frozen.read_text()
+    # The worker's environment was applied once, when the run was resolved; the train task does not reapply it.
+    monkeypatch.setenv("PRETRAIN__TRAIN__STEPS", "99")
+    op = TrainOperator(
+        task_id="train", snapshot="demo", config_path=str(frozen), overrides=[], frozen_config=True
+    )
+    config = op.resolved_config()
+    assert config.train.steps == 3 and config.to_yaml() == text
+    # torchrun's ranks get the same file, untouched, and no second one is written beside it.
+    command = prepare_torchrun(config, training_inputs(config, "demo", "tokenize"), "demo", frozen)
+    assert command[command.index("--config") + 1] == str(frozen) and frozen.read_text() == text
+    assert sorted(path.name for path in frozen.parent.glob("*.yaml")) == [frozen.name]
+    # A frozen file takes no overrides on top, and must name the run its ranks train.
+    with pytest.raises(AirflowFailException, match="as it is"):
+        TrainOperator(
+            task_id="train", config_path=str(frozen), overrides=["train.steps=4"], frozen_config=True
+        ).resolved_config()
+    with pytest.raises(AirflowFailException, match=r"train\.run_id"):
+        op._with_run(config, "another-run")
+
+
+def test_the_train_operators_launch_arguments_are_config_keys_now():
+    import pytest
+
+    from operators.train_operator import TrainOperator
+
+    for argument, key in [("launcher", "train.launcher"), ("nproc_per_node", "train.nproc_per_node")]:
+        with pytest.raises(TypeError, match=rf"config key {key} now"):
+            TrainOperator(task_id="train", **{argument: "kubernetes"})

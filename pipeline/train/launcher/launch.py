@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.config import PipelineConfig
-from pipeline.core.config import ENV_PREFIX, ConfigError
+from pipeline.config import PipelineConfig, freeze_config
+from pipeline.core.config import ConfigError, without_config_environment
 from pipeline.core.locks import OutputLock
 from pipeline.core.logs import run_folder
 from pipeline.core.manifest import Manifest
@@ -99,7 +99,7 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
     because torchrun would otherwise set 1 for several ranks per node. Without ``train`` torchrun's default
     stands, and each rank sizes torch's threads by the same rule from what it finds.
     """
-    env = {key: value for key, value in os.environ.items() if not key.startswith(ENV_PREFIX)}
+    env = without_config_environment(os.environ)
     env.pop(CHOSEN_BY_LAUNCHER, None)  # a value this launcher did not choose is the environment's
     if train is not None:
         choice = threads_per_rank(train, environ=env)
@@ -112,15 +112,18 @@ def child_environment(train: TrainConfig | None = None) -> dict[str, str]:
     return env
 
 
-def prepare_torchrun(config: PipelineConfig, inputs: Sequence[DatasetRef], snapshot: str) -> list[str]:
-    """Write the resolved config where every rank can read it, and return the torchrun command."""
+def prepare_torchrun(
+    config: PipelineConfig, inputs: Sequence[DatasetRef], snapshot: str, config_path: Path | None = None
+) -> list[str]:
+    """The torchrun command; its ranks read ``config_path``, the frozen file holding ``config``, else one
+    written here, where every rank can read it."""
     for ref in inputs:
         ref.require()
-    folder = run_folder(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    run = f"-{config.train.run_id}" if config.train.run_id else ""  # runs launched together stay apart
-    config_path = folder / f"train-{snapshot}{run}-config.yaml"
-    config_path.write_text(config.to_yaml())
+    if config_path is None:
+        folder = run_folder(config)
+        folder.mkdir(parents=True, exist_ok=True)
+        run = f"-{config.train.run_id}" if config.train.run_id else ""  # runs launched together stay apart
+        config_path = freeze_config(config, folder / f"train-{snapshot}{run}-config.yaml")
     return torchrun_command(config, config_path, snapshot, inputs[0].stage)
 
 
@@ -132,9 +135,11 @@ def train(
     on_line: Callable[[str], None],
     on_start: Callable[[subprocess.Popen], None] | None = None,
     forward_signals: bool = False,
+    config_path: Path | None = None,
 ) -> Manifest:
     """Train the run ``train.run_id`` of ``snapshot`` (its caller decided it with ``name_run``) with torchrun on
-    this machine; returns its manifest.
+    this machine; returns its manifest. ``config_path``: a frozen file holding ``config`` exactly (an Airflow
+    run's), which the ranks then read; by default the config is frozen here.
 
     The run's lock is held from here for the whole training: torchrun inherits it, and rank 0 publishes
     under it. The run's staging folder and ``run.json`` are written first, so a second launcher with the
@@ -150,7 +155,7 @@ def train(
     if run_id is None:
         raise ValueError("launch.train trains the run its caller decided: name it with name_run() first")
     output = DatasetRef.of(config, "train", snapshot, run_id)
-    command = prepare_torchrun(config, inputs, snapshot)
+    command = prepare_torchrun(config, inputs, snapshot, config_path)
     log.info("run %s: launching %s", output.run, " ".join(command))
     staging = output.staging_path(resumable=True)
     failures = prepare_failures_folder(config, snapshot, run_id)
