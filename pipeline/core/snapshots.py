@@ -22,7 +22,7 @@ so no mixture, dedup history or held-out set takes one up by accident.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,7 +104,7 @@ class SnapshotSelection:
             ]
         return [name for name in ordered if fnmatch.fnmatchcase(name, self.names[0])]  # a glob
 
-    def missing(self, available: Sequence[str]) -> list[str]:
+    def missing(self, available: Collection[str]) -> list[str]:
         """Names given explicitly that are not among ``available`` (patterns miss nothing by name)."""
         present = set(available)
         return [name for name in self.names if name not in present] if self.kind == "names" else []
