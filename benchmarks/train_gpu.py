@@ -29,19 +29,37 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from tokenizers import Tokenizer, models  # noqa: E402
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.data.shards import ShardWriter  # noqa: E402
 from pipeline.model.config import FUSED_CROSS_ENTROPY, GPTConfig  # noqa: E402
+from pipeline.tokenization.bpe import save_tokenizer, special_tokens  # noqa: E402
+from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
 
 SNAPSHOT = "bench"
+
+
+def id_tokenizer(vocab_size: int) -> tuple[Tokenizer, TokenizerConfig]:
+    """A word-level tokenizer with exactly ``vocab_size`` ids, the special tokens first (end-of-text 0,
+    padding 1): training resolves its data through the tokenizer a token output names, and the shards' ids
+    are uniform, so any tokenizer with that many ids will do."""
+    settings = TokenizerConfig(reserved_tokens=0)
+    specials = special_tokens(settings)
+    vocab = {token: index for index, token in enumerate(specials)}
+    vocab |= {f"t{index}": index for index in range(len(specials), vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=settings.pad_token))
+    tokenizer.add_special_tokens(specials)
+    return tokenizer, settings
 
 
 def write_shards(config, vocab_size: int, tokens: int) -> None:
     rng = np.random.default_rng(0)
     dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    tokenizer, settings = id_tokenizer(vocab_size)
     with StageOutput(DatasetRef.of(config, "tokenize", SNAPSHOT), config, []) as out:
+        save_tokenizer(tokenizer, out.path, settings)
         for split, count in (("train", tokens), ("validation", tokens // 50 + 10_000)):
             (out.path / split).mkdir()
             with ShardWriter(out.path / split / "shard-00000-0000", dtype) as writer:
@@ -52,7 +70,16 @@ def write_shards(config, vocab_size: int, tokens: int) -> None:
                     document[-1] = 0
                     writer.add_document(document.tolist())
                     written += length
-        out.commit(extra={"vocab_size": vocab_size, "eos_id": 0, "pad_id": 1})
+        out.commit(
+            extra={
+                "vocab_size": vocab_size,
+                "dtype": dtype.name,
+                "eos_token": settings.eos_token,
+                "eos_id": 0,
+                "pad_token": settings.pad_token,
+                "pad_id": 1,
+            }
+        )
 
 
 def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
