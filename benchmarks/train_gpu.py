@@ -2,6 +2,7 @@
 
     python benchmarks/train_gpu.py               # one H200: four runs, under 5 minutes in all
     python benchmarks/train_gpu.py --dry-run     # CPU, tiny shapes: exercises the same code path, no figures
+    python benchmarks/train_gpu.py --smoke       # the dry run, eager only, in seconds (tests/benchmarks)
     python benchmarks/train_gpu.py --presets base --modes compile --fused-cross-entropy auto --batch-size 24
                                                  # the loss without the logits, and a micro-batch it frees room for
 
@@ -31,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, models  # noqa: E402
 
+from benchmarks.smoke import HELP as SMOKE_HELP  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.data.shards import ShardWriter  # noqa: E402
@@ -166,14 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; the figures mean nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"the dry run, eager only, fewer steps: {SMOKE_HELP}"
+    )
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument(
         "--modes",
-        default="eager,compile",
-        help="comma-separated: eager, compile (torch.compile); default both",
+        default=None,
+        help="comma-separated: eager, compile (torch.compile); default both (--smoke: eager, as compiling "
+        "on the CPU takes longer than the rest)",
     )
     parser.add_argument(
         "--presets", default="base,base-moe", help="comma-separated model presets (default: base,base-moe)"
@@ -198,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    args.dry_run = args.dry_run or args.smoke
+    args.modes = args.modes or ("eager" if args.smoke else "eager,compile")
     if args.dry_run:
-        args.steps = args.steps or 6
+        args.steps = args.steps or (4 if args.smoke else 6)
         args.batch_size = args.batch_size or 2
         args.seq_len = args.seq_len or 64
         args.log_every = min(args.log_every, 2)

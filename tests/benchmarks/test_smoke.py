@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,3 +32,43 @@ def test_train_cpu_runs_our_trainer_and_the_plain_loop_on_a_real_token_snapshot(
     result = run_benchmark("train_cpu.py", "--smoke", "--no-defaults")
     assert result["timed_steps"] == 4 and result["trainer_tokens_per_s"] > 0
     assert result["plain_loop_tokens_per_s"] > 0 and result["final_loss"] > 0
+
+
+# Spark, Scrapy and torchrun start processes of their own (a JVM alone takes ~8 s): those are marked slow.
+
+
+def test_ablate_sweep_trains_a_candidate_on_both_arms_and_compares_them():
+    result = run_benchmark("ablate_sweep.py", "--smoke", "--processes", "2")
+    current = result["candidates"]["current"]
+    assert result["seeds"] == 2 and current["cpu_s"] > 0 and current["base_loss"] > 0
+    assert 0 <= current["p_value"] <= 1 and current["verdict"]
+
+
+def test_gpu_kernels_runs_its_cpu_flow_and_its_checks_pass(tmp_path):
+    """GPU-only timings: its CPU path (--smoke is --dry-run) checks the CPU kernels against the reference."""
+    out = tmp_path / "gpu_kernels.json"
+    result = run_benchmark("gpu_kernels.py", "--smoke", "--out", str(out))
+    assert result == {
+        "gemm_frac_of_cublas_4096": None,
+        "gemm_frac_of_cublas_8192": None,
+        "routing_speedup_t16k": None,
+    }
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["checks"] and all(report["checks"].values())
+    assert report["routing"] and all(row["speedup"] > 0 for row in report["routing"])
+
+
+def test_train_gpu_runs_its_cpu_stand_in_of_both_presets():
+    """GPU-only figures: its CPU path (--smoke: the dry run, eager only) on its own token snapshot."""
+    result = run_benchmark("train_gpu.py", "--smoke")
+    assert result["device"] == "cpu" and result["dry_run"]
+    assert set(result["cases"]) == {"base-eager", "base-moe-eager"}
+    for case in result["cases"].values():
+        assert case["tokens_per_s"] > 0 and case["final_loss"] > 0
+
+
+@pytest.mark.slow
+def test_crawl_crawls_the_test_site_at_each_concurrency():
+    result = run_benchmark("crawl.py", "--smoke")
+    assert result["pages_per_s_c1"] > 0 and result["pages_per_s_c16"] > 0 and result["mb_per_s_c16"] > 0
+    assert result["pages_per_cpu_s_c16"] > 0
