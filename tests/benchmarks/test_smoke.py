@@ -118,3 +118,11 @@ def test_dedup_finds_the_planted_copies(tmp_path):
     assert baseline_ran_or_said_why(result, "datatrove")
     if "precision" in result:
         assert result["precision"] > 0.9 and result["recall"] > 0.9
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_runs_every_schedule_on_two_ranks():
+    result = run_benchmark("pipeline_parallel.py", "--smoke")
+    assert set(result["tokens_per_s_pp2"]) == {"gpipe-m8", "1f1b-m8", "interleaved_1f1b-m8"}
+    assert all(rate > 0 for rate in result["tokens_per_s_pp2"].values()) and result["tokens_per_s_single"] > 0
+    assert 0 < result["param_memory_per_rank_ratio"] < 1
