@@ -10,8 +10,9 @@ drawing the sample) grow linearly, and the driver's memory stays flat.
 
 Input: benchmarks/clean.py's generated documents (prose, articles, lists, code, other languages, some junk;
 seeded, one generator per document id), spread over 500 web hosts with Zipf weights, so both sizes have the
-same hosts and the per-domain table the driver collects is the same size. They are published as a dedup
-output with a manifest (what the quality stage reads by default); 4x is documents 0..4N-1, 1x is 0..N-1.
+same hosts and the per-domain table the driver collects is the same size. They are published as a
+decontaminate output with a manifest (what the quality stage reads by default); 4x is documents 0..4N-1, 1x
+is 0..N-1.
 
 Each size runs in its own process through the entrypoint a user runs (`python -m pipeline.quality`, its
 `main` via `run_cli`), so its peak memory is its own. Measured:
@@ -113,8 +114,8 @@ def stage_overrides(data_root: Path, workers: int, sample_docs: int) -> list[str
 
 
 def build_documents(count: int, seed: int, data_root: Path, overrides: list[str]) -> str:
-    """Publish ``count`` generated documents as the dedup output of snapshot ``docs-<count>``; reused when
-    already there. Returns the snapshot."""
+    """Publish ``count`` generated documents as the decontaminate output of snapshot ``docs-<count>``; reused
+    when already there. Returns the snapshot."""
     import datetime
 
     import pyarrow as pa
@@ -125,7 +126,7 @@ def build_documents(count: int, seed: int, data_root: Path, overrides: list[str]
 
     config = load_config(None, overrides, environ={})
     snapshot = f"docs-{count}"
-    ref = DatasetRef.of(config, "dedup", snapshot)
+    ref = DatasetRef.of(config, "decontaminate", snapshot)
     if ref.is_complete() and ref.manifest().extra.get("bench_corpus") == [CORPUS_VERSION, count, seed]:
         return snapshot
     sources = Sources()
