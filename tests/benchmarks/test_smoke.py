@@ -126,3 +126,10 @@ def test_pipeline_parallel_runs_every_schedule_on_two_ranks():
     assert set(result["tokens_per_s_pp2"]) == {"gpipe-m8", "1f1b-m8", "interleaved_1f1b-m8"}
     assert all(rate > 0 for rate in result["tokens_per_s_pp2"].values()) and result["tokens_per_s_single"] > 0
     assert 0 < result["param_memory_per_rank_ratio"] < 1
+
+
+@pytest.mark.slow
+def test_mixture_blends_sources_and_dedups_against_stored_history(tmp_path):
+    result = run_benchmark("mixture.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs_per_snapshot"] == 50 and result["mixture_loader_tokens_per_s_ratio"] > 0
+    assert result["earlier_duplicates_against_16"] >= result["earlier_duplicates_against_1"] > 0
