@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 from benchmarks.clean import Sources, make_document  # noqa: E402
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 
 CORPUS_VERSION = 1  # bump when the documents or their layout change, so a cached input is rebuilt
 HOSTS = 500
@@ -270,9 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         help="runs per size, alternating 1x and 4x: the smallest time and the largest peak of each (default 1)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    docs = args.docs or (10_000 if args.quick else 100_000)
-    sample = args.sample or (200 if args.quick else 2_000)
+    docs = args.docs or (40 if args.smoke else 10_000 if args.quick else 100_000)
+    sample = args.sample or (20 if args.smoke else 200 if args.quick else 2_000)
     args.out.mkdir(parents=True, exist_ok=True)
     overrides = stage_overrides(args.out / "data", args.workers, sample)
 

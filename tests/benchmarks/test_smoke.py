@@ -133,3 +133,10 @@ def test_mixture_blends_sources_and_dedups_against_stored_history(tmp_path):
     result = run_benchmark("mixture.py", "--smoke", "--out", str(tmp_path))
     assert result["docs_per_snapshot"] == 50 and result["mixture_loader_tokens_per_s_ratio"] > 0
     assert result["earlier_duplicates_against_16"] >= result["earlier_duplicates_against_1"] > 0
+
+
+@pytest.mark.slow
+def test_quality_runs_the_stage_at_both_sizes(tmp_path):
+    result = run_benchmark("quality.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs_1x"] == 40 and result["sample_docs"] == 20
+    assert result["time_growth_4x"] > 0 and result["driver_peak_mb_growth_4x"] > 0
