@@ -34,6 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)
 
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
+
 # Candidates: name -> (model overrides, train settings). "current" is the proxy the tests and benchmark used.
 CANDIDATES: dict[str, tuple[dict, dict]] = {
     "current": ({}, {"lr": 5e-3, "batch": 8, "warmup": 2, "min_lr": 0.1}),
@@ -122,15 +124,34 @@ def train_one(job: tuple[str, str, Path, int, int, int, Path]) -> dict:
     }
 
 
+def smoke_inputs(folder: Path) -> tuple[Path, Path, str]:
+    """For --smoke, in place of an ablation's outputs: two arms' tokenize outputs and reference shards of
+    Zipf token ids (benchmarks/train_cpu.py's), small. Returns (data root, reference folder, arms)."""
+    from benchmarks.train_cpu import write_shards
+    from pipeline.config import load_config
+
+    config = load_config(None, [f"project.data_root={folder}", "logging.console=false"], environ={})
+    arms = []
+    for seed, arm in enumerate(("none", "recipe")):
+        ref = write_shards(config, tokens=20_000, seed=seed, snapshot=f"smoke-{arm}")
+        arms.append(f"{arm}={ref.path.relative_to(folder)}")
+    reference = write_shards(config, tokens=100_000, seed=2, snapshot="smoke-reference")
+    return folder, reference.path / "validation", ",".join(arms)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--data", type=Path, required=True, help="the data root holding the arms' tokenize outputs"
+        "--data", type=Path, help="the data root holding the arms' tokenize outputs (required but in --smoke)"
     )
-    parser.add_argument("--reference", type=Path, required=True, help="the reference shards' folder")
-    parser.add_argument("--arms", required=True, help="BASE=corpus/tokenize/snapshot,OTHER=...: base first")
+    parser.add_argument(
+        "--reference", type=Path, help="the reference shards' folder (required but in --smoke)"
+    )
+    parser.add_argument(
+        "--arms", help="BASE=corpus/tokenize/snapshot,OTHER=...: base first (required but in --smoke)"
+    )
     parser.add_argument("--tokens", type=int, default=200_000)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
@@ -138,7 +159,14 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="the old and the chosen proxy, 3 seeds, 100k tokens"
     )
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        import tempfile
+
+        args.data, args.reference, args.arms = smoke_inputs(Path(tempfile.mkdtemp(prefix="bench-sweep-")))
+    elif not (args.data and args.reference and args.arms):
+        parser.error("--data, --reference and --arms are required (or --smoke)")
 
     from pipeline.ablate.heldout import eval_documents
     from pipeline.ablate.stats import paired_comparison
@@ -146,7 +174,9 @@ def main() -> int:
     arms = dict(item.split("=", 1) for item in args.arms.split(","))
     candidates = args.candidates.split(",")
     seeds, tokens = args.seeds, args.tokens
-    if args.quick:
+    if args.smoke:
+        candidates, seeds, tokens = ["current"], 2, 2_000
+    elif args.quick:
         candidates, seeds, tokens = ["current", "untied-lr1e-3"], 3, 100_000
     jobs = [
         (name, arm, args.data / path, seed, tokens, 64, args.reference)
@@ -183,6 +213,10 @@ def main() -> int:
             {"candidates": summary, "tokens": tokens, "seeds": seeds, "wall_s": time.monotonic() - started}
         )
     )
+    if args.smoke:
+        import shutil
+
+        shutil.rmtree(args.data, ignore_errors=True)
     return 0
 
 

@@ -46,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, this folder is sys.path[0]: the repository root replaces it, for the reference texts
 # (tests/classify/texts.py, not installed).
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
+
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
+
 SNAPSHOT = "bench"
 NGRAM = 13
 WORKERS = 2
@@ -189,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="10,000 documents instead of 100,000")
+    add_smoke_flag(parser)
     parser.add_argument("--documents", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)
-    count = args.documents or (10_000 if args.quick else 100_000)
+    count = args.documents or (200 if args.smoke else 10_000 if args.quick else 100_000)
     load_before = os.getloadavg()
 
     import pyarrow as pa
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"classifier.negatives=[{{path: {work / 'negatives.jsonl'}}}]",
                 # 200,000 bigram buckets: an 80 MB model (DCLM's 2,000,000 make it 800 MB; the per-document
                 # cost is the same, only loading differs)
-                "classifier.fasttext.bucket=200000",
+                f"classifier.fasttext.bucket={20_000 if args.smoke else 200_000}",
             ],
             environ={},
         )

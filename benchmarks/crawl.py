@@ -29,6 +29,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 from pipeline.crawl.crawler import JOB_DIR, SPEC_NAME, CrawlSpec  # noqa: E402
 from pipeline.crawl.index import index_table, write_index  # noqa: E402
 from pipeline.crawl.journal import read_journal  # noqa: E402
@@ -140,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small site: well under 3 minutes on 2 cores")
-    parser.add_argument("--pages", type=int, help="pages on the site (default 2000, --quick 400)")
+    add_smoke_flag(parser)
+    parser.add_argument("--pages", type=int, help="pages on the site (default 2000, --quick 400, --smoke 20)")
     parser.add_argument("--page-kb", type=int, default=16, help="size of each page (default 16 KB)")
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated (default 1,4,16)")
+    parser.add_argument("--concurrency", default=None, help="comma-separated (default 1,4,16; --smoke 1,16)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
     args = parser.parse_args(argv)
-    pages = args.pages or (400 if args.quick else 2000)
-    levels = [int(level) for level in args.concurrency.split(",")]
+    pages = args.pages or (20 if args.smoke else 400 if args.quick else 2000)
+    concurrency = args.concurrency or ("1,16" if args.smoke else "1,4,16")
+    levels = [int(level) for level in concurrency.split(",")]
 
     results = []
     with TestSite(pages=pages, links_per_page=3, page_bytes=args.page_kb * 1024, bad_cases=False) as site:

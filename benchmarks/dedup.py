@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 from benchmarks.measure import run_measured  # noqa: E402
+from benchmarks.smoke import add_smoke_flag, baseline_skipped  # noqa: E402
 
 SNAPSHOT = "bench"
 LEVELS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "--bench-python", default=str(ROOT / ".venv-bench/bin/python"), help="datatrove's python"
     )
     parser.add_argument("--datatrove-run", nargs=2, metavar=("INPUT", "WORK"), help=argparse.SUPPRESS)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
 
     if args.datatrove_run:
@@ -303,10 +305,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    docs = args.docs or (8_000 if args.quick else 100_000)
-    # One doubling in quick mode (each size costs a JVM start), two in the full run.
-    sizes = [docs // 2, docs] if args.quick else [docs // 4, docs // 2, docs]
-    if not Path(args.bench_python).exists():
+    docs = args.docs or (200 if args.smoke else 8_000 if args.quick else 100_000)
+    # One doubling in quick mode (each size costs a JVM start), two in the full run, none in smoke mode.
+    sizes = [docs] if args.smoke else [docs // 2, docs] if args.quick else [docs // 4, docs // 2, docs]
+    skipped = None
+    if args.smoke and not Path(args.bench_python).exists():
+        # Smoke mode runs datatrove wherever it imports, or says it did not.
+        skipped = baseline_skipped("datatrove")
+        args.bench_python = sys.executable
+    elif not Path(args.bench_python).exists():
         raise SystemExit(f"{args.bench_python} not found: run `make bench-venv` first")
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
@@ -325,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             ours = our_clusters(root)
             input_dir = next(root.glob(f"*/clean/{SNAPSHOT}/documents"))
 
+    if skipped:
+        print(json.dumps({"docs": docs, "docs_per_s": round(docs / main_run["wall_s"], 1),
+                          "counters": main_run["counters"], "baseline": skipped}))  # fmt: skip
+        return 0
     work = args.out / "datatrove"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [args.bench_python, __file__, "--workers", str(args.workers), "--seed", str(args.seed)]
@@ -350,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         kind: round(
             memory_points[-1]["peak_mb"].get(kind, 0) / max(memory_points[-2]["peak_mb"].get(kind, 1), 1), 3
         )
+        if len(memory_points) > 1
+        else None
         for kind in ("driver", "jvm", "worker")
     }
     plot_memory(memory_points, args.out / "memory.png")
@@ -390,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         "jvm_peak_mb_growth_per_doubling": growth["jvm"],
     }
     (args.out / "results.json").write_text(json.dumps({**summary, "memory": memory_points}, indent=2))
+    if args.smoke:
+        summary["baseline"] = "datatrove"
     print(json.dumps(summary))
     return 0
 

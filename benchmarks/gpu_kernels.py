@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_kernels.py            # on an H200 (or any sm_80+ GPU); under 5 minutes
     python benchmarks/gpu_kernels.py --dry-run  # on CPU: the same flow on small CPU shapes, GPU figures null
+                                                # (also --smoke, what tests/benchmarks runs)
 
 Steps:
 1. build  - unless cuda_ext._C already has its CUDA kernels, `setup.py build_ext --inplace` with
@@ -38,6 +39,8 @@ _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
 
 import torch  # noqa: E402
+
+from benchmarks.smoke import HELP as SMOKE_HELP  # noqa: E402
 
 CAPACITY_FACTOR = 1.25
 GEMM_KERNELS = ("mma_128x256", "mma_128x128", "wmma_128x256")  # each forced, beside `auto`
@@ -193,11 +196,11 @@ def time_gemm() -> list[dict]:
     return rows
 
 
-def time_routing(device: str) -> list[dict]:
+def time_routing(device: str, smoke: bool = False) -> list[dict]:
     from cuda_ext import moe_routing
     from pipeline.model import routing as reference
 
-    token_counts = (1024, 16384, 131072) if device == "cuda" else (1024, 4096)
+    token_counts = (256,) if smoke else (1024, 16384, 131072) if device == "cuda" else (1024, 4096)
     rows = []
     for tokens in token_counts:
         for experts in (8, 64):
@@ -224,7 +227,7 @@ def time_routing(device: str) -> list[dict]:
     return rows
 
 
-def time_moe_layer(device: str) -> list[dict]:
+def time_moe_layer(device: str, smoke: bool = False) -> list[dict]:
     """The model's MoE layer (pipeline.model.gpt.MoE), forward + backward, with each routing backend."""
     from pipeline.model.config import GPTConfig
     from pipeline.model.gpt import MoE
@@ -232,7 +235,7 @@ def time_moe_layer(device: str) -> list[dict]:
     if device == "cuda":
         tokens, hidden, ffn, experts, k, dtype = 16384, 1024, 2816, 8, 2, torch.bfloat16
     else:
-        tokens, hidden, ffn, experts, k, dtype = 1024, 64, 128, 8, 2, torch.float32
+        tokens, hidden, ffn, experts, k, dtype = 256 if smoke else 1024, 64, 128, 8, 2, torch.float32
     rows = []
     for fused in (False, True):
         config = GPTConfig(
@@ -280,9 +283,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--rebuild", action="store_true", help="rebuild the extension even if it has CUDA kernels"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "gpu_kernels.json")
+    # The dry run's flow and checks, timing the smallest shapes only.
+    parser.add_argument("--smoke", action="store_true", help=f"--dry-run, smaller: {SMOKE_HELP}")
     args = parser.parse_args(argv)
 
-    device = "cpu" if args.dry_run else "cuda"
+    device = "cpu" if args.dry_run or args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device: run on a GPU machine, or use --dry-run")
     report: dict = {"device": device, "torch": torch.__version__}
@@ -303,14 +308,14 @@ def main(argv: list[str] | None = None) -> dict:
             f" {row['cublas_tflops']:.0f} TFLOP/s, fraction {row['frac_of_cublas']:.2f}; "
             + ", ".join(f"{name} {v['frac_of_cublas']:.2f}" for name, v in row["kernels"].items())
         )
-    report["routing"] = time_routing(device)
+    report["routing"] = time_routing(device, args.smoke)
     print(f"{'tokens':>7} {'E':>3} {'k':>2} {'reference ms':>13} {'cuda_ext ms':>12} {'speedup':>8}")
     for row in report["routing"]:
         print(
             f"{row['tokens']:>7} {row['experts']:>3} {row['k']:>2} {row['reference_ms']:>13.3f}"
             f" {row['cuda_ext_ms']:>12.3f} {row['speedup']:>8.2f}"
         )
-    report["moe_layer"] = time_moe_layer(device)
+    report["moe_layer"] = time_moe_layer(device, args.smoke)
     for row in report["moe_layer"]:
         print(f"MoE layer fwd+bwd ({row['routing']} routing, T={row['tokens']}): {row['fwd_bwd_ms']:.2f} ms")
 

@@ -44,6 +44,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
+
 HISTORY = 16
 AGAINST = (1, 4, 16)
 
@@ -281,21 +283,22 @@ def main(argv: list[str] | None = None) -> int:
         help="dedup runs per history length, alternating the order, the cheapest kept (default 2)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "mixture")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    docs = args.docs or (2_000 if args.quick else 10_000)
+    docs = args.docs or (50 if args.smoke else 2_000 if args.quick else 10_000)
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     loader = bench_loader(
         args.out / "tokens",
-        total_tokens=4_000_000 if args.quick else 40_000_000,
-        batches=600 if args.quick else 4000,
-        rounds=3 if args.quick else 5,
+        total_tokens=200_000 if args.smoke else 4_000_000 if args.quick else 40_000_000,
+        batches=20 if args.smoke else 600 if args.quick else 4000,
+        rounds=1 if args.smoke else 3 if args.quick else 5,
         seq_len=512,
         batch_size=8,
     )
-    dedup = bench_dedup(args.out / "dedup", docs, args.seed, args.repeat or 2)
+    dedup = bench_dedup(args.out / "dedup", docs, args.seed, args.repeat or (1 if args.smoke else 2))
     first, last = dedup[AGAINST[0]], dedup[AGAINST[-1]]
     # The work a run does is its CPU time (Spark JVM, Python workers, driver); wall time on a shared machine
     # also holds the time spent waiting for a core. Both are reported; the CPU time is the figure.

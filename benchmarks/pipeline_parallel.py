@@ -35,6 +35,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 from benchmarks.train_cpu import write_shards  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 
@@ -134,14 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (within 3 minutes on 2 cores)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
     parser.add_argument("--worker", nargs=3, metavar=("OUT", "CONFIG", "VARIANTS"), help=argparse.SUPPRESS)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    steps = args.steps or (6 if args.quick else 20)
+    steps = args.steps or (1 if args.smoke else 6 if args.quick else 20)
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
         return 0
 
     # From 192 on the blocks outweigh the head enough that the FLOP split is 4 + 4 layers (at 128 it is 5 + 3).
-    hidden = 192 if args.quick else 256
+    hidden = 64 if args.smoke else 192 if args.quick else 256
+    # Smoke mode: every schedule, at the one micro-batch count the summary reads.
+    microbatches = (8,) if args.smoke else MICROBATCHES
     with tempfile.TemporaryDirectory(prefix="bench-pp-") as folder:
         root = Path(folder)
         common = [
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "train.threads_per_rank=1",
         ]
         config = load_config(None, common, environ={})
-        write_shards(config, tokens=400_000, snapshot=SNAPSHOT)
+        write_shards(config, tokens=20_000 if args.smoke else 400_000, snapshot=SNAPSHOT)
         single_config = root / "single.yaml"
         store = root / "pg-single"
         single_config.write_text(
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         single = launch(root, "single", 1, single_config, {"single": []}, steps)["single"]
         rows = {}
         for schedule, overrides in SCHEDULES.items():
-            variants = {f"{schedule}-m{m}": [*overrides, f"train.pp_microbatches={m}"] for m in MICROBATCHES}
+            variants = {f"{schedule}-m{m}": [*overrides, f"train.pp_microbatches={m}"] for m in microbatches}
             rows.update(launch(root, schedule, 2, pp_config, variants, steps))
         wall_s = time.perf_counter() - started
 

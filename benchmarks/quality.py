@@ -10,8 +10,9 @@ drawing the sample) grow linearly, and the driver's memory stays flat.
 
 Input: benchmarks/clean.py's generated documents (prose, articles, lists, code, other languages, some junk;
 seeded, one generator per document id), spread over 500 web hosts with Zipf weights, so both sizes have the
-same hosts and the per-domain table the driver collects is the same size. They are published as a dedup
-output with a manifest (what the quality stage reads by default); 4x is documents 0..4N-1, 1x is 0..N-1.
+same hosts and the per-domain table the driver collects is the same size. They are published as a
+decontaminate output with a manifest (what the quality stage reads by default); 4x is documents 0..4N-1, 1x
+is 0..N-1.
 
 Each size runs in its own process through the entrypoint a user runs (`python -m pipeline.quality`, its
 `main` via `run_cli`), so its peak memory is its own. Measured:
@@ -50,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 from benchmarks.clean import Sources, make_document  # noqa: E402
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 
 CORPUS_VERSION = 1  # bump when the documents or their layout change, so a cached input is rebuilt
 HOSTS = 500
@@ -113,8 +115,8 @@ def stage_overrides(data_root: Path, workers: int, sample_docs: int) -> list[str
 
 
 def build_documents(count: int, seed: int, data_root: Path, overrides: list[str]) -> str:
-    """Publish ``count`` generated documents as the dedup output of snapshot ``docs-<count>``; reused when
-    already there. Returns the snapshot."""
+    """Publish ``count`` generated documents as the decontaminate output of snapshot ``docs-<count>``; reused
+    when already there. Returns the snapshot."""
     import datetime
 
     import pyarrow as pa
@@ -125,7 +127,7 @@ def build_documents(count: int, seed: int, data_root: Path, overrides: list[str]
 
     config = load_config(None, overrides, environ={})
     snapshot = f"docs-{count}"
-    ref = DatasetRef.of(config, "dedup", snapshot)
+    ref = DatasetRef.of(config, "decontaminate", snapshot)
     if ref.is_complete() and ref.manifest().extra.get("bench_corpus") == [CORPUS_VERSION, count, seed]:
         return snapshot
     sources = Sources()
@@ -269,9 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         help="runs per size, alternating 1x and 4x: the smallest time and the largest peak of each (default 1)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "quality")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    docs = args.docs or (10_000 if args.quick else 100_000)
-    sample = args.sample or (200 if args.quick else 2_000)
+    docs = args.docs or (40 if args.smoke else 10_000 if args.quick else 100_000)
+    sample = args.sample or (20 if args.smoke else 200 if args.quick else 2_000)
     args.out.mkdir(parents=True, exist_ok=True)
     overrides = stage_overrides(args.out / "data", args.workers, sample)
 

@@ -36,6 +36,7 @@ import time  # noqa: E402
 from hashlib import sha1  # noqa: E402
 
 from benchmarks.clean import cpu_seconds_since, process_cpu  # noqa: E402
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 from pipeline.core.progress import STEP_FIELD  # noqa: E402
 
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
@@ -130,16 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="~20M characters instead of ~80M (< 3 min on 2 cores)"
     )
+    add_smoke_flag(parser)
     parser.add_argument(
         "--chars", type=int, default=None, help="characters of text to encode (overrides --quick)"
     )
     parser.add_argument(
         "--cores", type=int, default=2, help="Spark local[N] cores = raw Rayon threads (default 2)"
     )
-    parser.add_argument("--vocab-size", type=int, default=16_384)
+    parser.add_argument("--vocab-size", type=int, default=None, help="default 16,384 (--smoke 512)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON result to this file")
     args = parser.parse_args(argv)
-    target = args.chars or (20_000_000 if args.quick else 80_000_000)
+    target = args.chars or (200_000 if args.smoke else 20_000_000 if args.quick else 80_000_000)
+    vocab_size = args.vocab_size or (512 if args.smoke else 16_384)
 
     # The driver's Rayon pool (raw baseline, BPE training) gets as many threads as Spark has cores; the
     # stage sets its workers' own count (tokenize.threads_per_task), whatever this says.
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"project.data_root={root}/data",
                 f"spark.master=local[{args.cores}]",
                 f"tokenize.num_shards={args.cores}",
-                f"tokenizer.vocab_size={args.vocab_size}",
+                f"tokenizer.vocab_size={vocab_size}",
                 "tokenizer.sample_docs=2000",
                 "logging.console=false",
             ],

@@ -2,6 +2,7 @@
 
     python benchmarks/train_gpu.py               # one H200: four runs, under 5 minutes in all
     python benchmarks/train_gpu.py --dry-run     # CPU, tiny shapes: exercises the same code path, no figures
+    python benchmarks/train_gpu.py --smoke       # the dry run, eager only, in seconds (tests/benchmarks)
     python benchmarks/train_gpu.py --presets base --modes compile --fused-cross-entropy auto --batch-size 24
                                                  # the loss without the logits, and a micro-batch it frees room for
 
@@ -29,19 +30,38 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from tokenizers import Tokenizer, models  # noqa: E402
 
+from benchmarks.smoke import HELP as SMOKE_HELP  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.storage import DatasetRef, StageOutput  # noqa: E402
 from pipeline.data.shards import ShardWriter  # noqa: E402
 from pipeline.model.config import FUSED_CROSS_ENTROPY, GPTConfig  # noqa: E402
+from pipeline.tokenization.bpe import save_tokenizer, special_tokens  # noqa: E402
+from pipeline.tokenization.config import TokenizerConfig  # noqa: E402
 
 SNAPSHOT = "bench"
+
+
+def id_tokenizer(vocab_size: int) -> tuple[Tokenizer, TokenizerConfig]:
+    """A word-level tokenizer with exactly ``vocab_size`` ids, the special tokens first (end-of-text 0,
+    padding 1): training resolves its data through the tokenizer a token output names, and the shards' ids
+    are uniform, so any tokenizer with that many ids will do."""
+    settings = TokenizerConfig(reserved_tokens=0)
+    specials = special_tokens(settings)
+    vocab = {token: index for index, token in enumerate(specials)}
+    vocab |= {f"t{index}": index for index in range(len(specials), vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=settings.pad_token))
+    tokenizer.add_special_tokens(specials)
+    return tokenizer, settings
 
 
 def write_shards(config, vocab_size: int, tokens: int) -> None:
     rng = np.random.default_rng(0)
     dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    tokenizer, settings = id_tokenizer(vocab_size)
     with StageOutput(DatasetRef.of(config, "tokenize", SNAPSHOT), config, []) as out:
+        save_tokenizer(tokenizer, out.path, settings)
         for split, count in (("train", tokens), ("validation", tokens // 50 + 10_000)):
             (out.path / split).mkdir()
             with ShardWriter(out.path / split / "shard-00000-0000", dtype) as writer:
@@ -52,7 +72,16 @@ def write_shards(config, vocab_size: int, tokens: int) -> None:
                     document[-1] = 0
                     writer.add_document(document.tolist())
                     written += length
-        out.commit(extra={"vocab_size": vocab_size, "eos_id": 0, "pad_id": 1})
+        out.commit(
+            extra={
+                "vocab_size": vocab_size,
+                "dtype": dtype.name,
+                "eos_token": settings.eos_token,
+                "eos_id": 0,
+                "pad_token": settings.pad_token,
+                "pad_id": 1,
+            }
+        )
 
 
 def run_case(root: Path, preset: str, compile_model: bool, args) -> dict:
@@ -139,14 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; the figures mean nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"the dry run, eager only, fewer steps: {SMOKE_HELP}"
+    )
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument(
         "--modes",
-        default="eager,compile",
-        help="comma-separated: eager, compile (torch.compile); default both",
+        default=None,
+        help="comma-separated: eager, compile (torch.compile); default both (--smoke: eager, as compiling "
+        "on the CPU takes longer than the rest)",
     )
     parser.add_argument(
         "--presets", default="base,base-moe", help="comma-separated model presets (default: base,base-moe)"
@@ -171,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    args.dry_run = args.dry_run or args.smoke
+    args.modes = args.modes or ("eager" if args.smoke else "eager,compile")
     if args.dry_run:
-        args.steps = args.steps or 6
+        args.steps = args.steps or (4 if args.smoke else 6)
         args.batch_size = args.batch_size or 2
         args.seq_len = args.seq_len or 64
         args.log_every = min(args.log_every, 2)

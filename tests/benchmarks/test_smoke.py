@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,3 +32,111 @@ def test_train_cpu_runs_our_trainer_and_the_plain_loop_on_a_real_token_snapshot(
     result = run_benchmark("train_cpu.py", "--smoke", "--no-defaults")
     assert result["timed_steps"] == 4 and result["trainer_tokens_per_s"] > 0
     assert result["plain_loop_tokens_per_s"] > 0 and result["final_loss"] > 0
+
+
+# Spark, Scrapy and torchrun start processes of their own (a JVM alone takes ~8 s): those are marked slow.
+
+
+def test_ablate_sweep_trains_a_candidate_on_both_arms_and_compares_them():
+    result = run_benchmark("ablate_sweep.py", "--smoke", "--processes", "2")
+    current = result["candidates"]["current"]
+    assert result["seeds"] == 2 and current["cpu_s"] > 0 and current["base_loss"] > 0
+    assert 0 <= current["p_value"] <= 1 and current["verdict"]
+
+
+def test_gpu_kernels_runs_its_cpu_flow_and_its_checks_pass(tmp_path):
+    """GPU-only timings: its CPU path (--smoke is --dry-run) checks the CPU kernels against the reference."""
+    out = tmp_path / "gpu_kernels.json"
+    result = run_benchmark("gpu_kernels.py", "--smoke", "--out", str(out))
+    assert result == {
+        "gemm_frac_of_cublas_4096": None,
+        "gemm_frac_of_cublas_8192": None,
+        "routing_speedup_t16k": None,
+    }
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["checks"] and all(report["checks"].values())
+    assert report["routing"] and all(row["speedup"] > 0 for row in report["routing"])
+
+
+def test_train_gpu_runs_its_cpu_stand_in_of_both_presets():
+    """GPU-only figures: its CPU path (--smoke: the dry run, eager only) on its own token snapshot."""
+    result = run_benchmark("train_gpu.py", "--smoke")
+    assert result["device"] == "cpu" and result["dry_run"]
+    assert set(result["cases"]) == {"base-eager", "base-moe-eager"}
+    for case in result["cases"].values():
+        assert case["tokens_per_s"] > 0 and case["final_loss"] > 0
+
+
+@pytest.mark.slow
+def test_crawl_crawls_the_test_site_at_each_concurrency():
+    result = run_benchmark("crawl.py", "--smoke")
+    assert result["pages_per_s_c1"] > 0 and result["pages_per_s_c16"] > 0 and result["mb_per_s_c16"] > 0
+    assert result["pages_per_cpu_s_c16"] > 0
+
+
+# A baseline whose library lives only in .venv-bench runs where it imports, and says so where it does not.
+def baseline_ran_or_said_why(result: dict, module: str) -> bool:
+    return result["baseline"] in (module, f"skipped: {module} not installed")
+
+
+@pytest.mark.slow
+def test_tokenize_shards_runs_the_stage_and_the_raw_encoder():
+    result = run_benchmark("tokenize_shards.py", "--smoke")
+    assert result["tokens"] > 0 and result["documents"] > 0 and result["raw_tokens"] > 0
+    assert result["spark_encode_tokens_per_s"] > 0 and result["tokens_per_s_ratio_vs_raw"] > 0
+
+
+@pytest.mark.slow
+def test_classify_scores_and_decontaminates_like_the_plain_loops():
+    result = run_benchmark("classify.py", "--smoke")
+    assert result["documents"] == 200 and result["scores_identical"]
+    assert 0.5 < result["classifier_auc"] <= 1 and result["docs_per_s_ratio_vs_fasttext_loop"] > 0
+    assert result["decontam_flagged"] == result["decontam_reference_flagged"]
+
+
+@pytest.mark.slow
+def test_clean_runs_our_stage_and_datatrove_where_it_imports(tmp_path):
+    result = run_benchmark("clean.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs"] == 60 and result["ours_docs_per_s"] > 0 and 0 < result["ours_kept"] < 60
+    assert baseline_ran_or_said_why(result, "datatrove")
+
+
+@pytest.mark.slow
+def test_ingest_reads_both_formats_and_cleans_them(tmp_path):
+    result = run_benchmark("ingest.py", "--smoke", "--out", str(tmp_path))
+    assert baseline_ran_or_said_why(result, "datatrove")
+    for fmt in ("wet", "parquet"):
+        assert result[fmt]["ours_docs_per_s"] > 0
+        if "ours_documents" in result[fmt]:
+            assert result[fmt]["ours_documents"] > 0 and result[fmt]["ours_kept"] > 0
+
+
+@pytest.mark.slow
+def test_dedup_finds_the_planted_copies(tmp_path):
+    result = run_benchmark("dedup.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs"] == 200 and result["docs_per_s"] > 0
+    assert baseline_ran_or_said_why(result, "datatrove")
+    if "precision" in result:
+        assert result["precision"] > 0.9 and result["recall"] > 0.9
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_runs_every_schedule_on_two_ranks():
+    result = run_benchmark("pipeline_parallel.py", "--smoke")
+    assert set(result["tokens_per_s_pp2"]) == {"gpipe-m8", "1f1b-m8", "interleaved_1f1b-m8"}
+    assert all(rate > 0 for rate in result["tokens_per_s_pp2"].values()) and result["tokens_per_s_single"] > 0
+    assert 0 < result["param_memory_per_rank_ratio"] < 1
+
+
+@pytest.mark.slow
+def test_mixture_blends_sources_and_dedups_against_stored_history(tmp_path):
+    result = run_benchmark("mixture.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs_per_snapshot"] == 50 and result["mixture_loader_tokens_per_s_ratio"] > 0
+    assert result["earlier_duplicates_against_16"] >= result["earlier_duplicates_against_1"] > 0
+
+
+@pytest.mark.slow
+def test_quality_runs_the_stage_at_both_sizes(tmp_path):
+    result = run_benchmark("quality.py", "--smoke", "--out", str(tmp_path))
+    assert result["docs_1x"] == 40 and result["sample_docs"] == 20
+    assert result["time_growth_4x"] > 0 and result["driver_peak_mb_growth_4x"] > 0
