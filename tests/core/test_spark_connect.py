@@ -109,13 +109,10 @@ def train_fasttext(folder: Path, good: list[str], bad: list[str]) -> Path:
 
 
 def run_locally(config, stage: str, input_stage: str | None, snapshot: str) -> None:
-    from importlib import import_module
-
     from pipeline.stages import stage as registered
 
-    module = import_module(f"{registered(stage).package}.job")
     inputs = [DatasetRef.of(config, input_stage, snapshot)] if input_stage else []
-    module.run(config, inputs, DatasetRef.of(config, stage, snapshot))
+    registered(stage).run_function()(config, inputs, DatasetRef.of(config, stage, snapshot))
 
 
 def run_through_server(
