@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test test-fast lint typecheck format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster
+.PHONY: demo test test-fast lint typecheck format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster spark-server
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-fast  lint, then the tests not marked slow (no Spark, Scrapy crawl, torchrun, Airflow, nvcc, servers)"
 	@echo "make airflow  start Airflow here (UI on http://127.0.0.1:8080, login admin / printed password)"
 	@echo "make spark-cluster  start a Spark standalone master + 2 workers on 127.0.0.1 to submit stages to"
+	@echo "make spark-server  start a warm Spark Connect server on 127.0.0.1 for stages to attach to (SPARK_REMOTE)"
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
@@ -79,6 +80,14 @@ SPARK_WORKER_MEMORY ?= 1g
 spark-cluster: $(STAMP) check-java
 	$(BIN)/python -m pipeline.core.spark_cluster --workers $(SPARK_WORKERS) --cores $(SPARK_WORKER_CORES) \
 		--memory $(SPARK_WORKER_MEMORY)
+
+# A warm Spark Connect server on 127.0.0.1:$(SPARK_CONNECT_PORT) (pipeline/core/spark_connect.py, the same as
+# `pretrain spark-server`): Spark stages attach to it instead of starting a JVM each when SPARK_REMOTE (or the
+# config's spark.remote) names the sc:// URL it prints. Ctrl-C stops it.
+SPARK_CONNECT_PORT ?= 15002
+SPARK_CONNECT_MASTER ?= local[2]
+spark-server: $(STAMP) check-java
+	$(BIN)/python -m pipeline.core.spark_connect --port $(SPARK_CONNECT_PORT) --set 'spark.master=$(SPARK_CONNECT_MASTER)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -160,17 +160,17 @@ def tree_cpu_seconds() -> float:
 
 def spark_matching_pass(spark, files: list[str], items: list[str]) -> tuple[float, set[str], float]:
     """The decontaminate stage's matching pass alone, like for like with the reference's lookup: the same
-    index broadcast, the same files read, every document's n-grams looked up (``NgramIndex.matches``, what
+    index shared, the same files read, every document's n-grams looked up (``NgramIndex.matches``, what
     the stage's pass calls), the ids of the contaminated ones back in the driver."""
     import pyarrow as pa
 
-    from pipeline.core.spark import map_in_arrow
+    from pipeline.core.spark import map_in_arrow, share
     from pipeline.decontaminate.ngrams import NgramIndex, item_ngram_rows
 
     rows, _ = item_ngram_rows(items, [0] * len(items), NGRAM, 8)
     columns = rows.to_pydict()
     index = NgramIndex.from_columns(columns, 8)
-    shared = spark.sparkContext.broadcast(index)
+    shared = share(spark, index)
     schema = pa.schema([("id", pa.string())])
 
     def flagged_ids(batches):

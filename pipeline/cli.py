@@ -42,6 +42,11 @@ TOOLS: dict[str, tuple[str, str]] = {
         "write a Hugging Face dataset card (README.md) beside a snapshot's documents: languages, counts, "
         "the drop funnel, the recipe, tokens",
     ),
+    "spark-server": (
+        "pipeline.core.spark_connect",
+        "start a warm Spark Connect server on 127.0.0.1 that Spark stages attach to (SPARK_REMOTE or "
+        "spark.remote) instead of starting a JVM each; Ctrl-C stops it",
+    ),
     "config": ("pipeline.config_cli", "print the resolved, validated config and its hash"),
     "demo": ("pipeline.demo", "run the whole pipeline through Airflow on the bundled sample site"),
 }

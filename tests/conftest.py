@@ -93,3 +93,13 @@ def pytest_runtest_makereport(item, call):
     # "__provides__") once Scrapy's zope.interface is loaded; the failing example is in the report anyway.
     item.__dict__.pop("_hypothesis_failing_examples", None)
     yield
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory):
+    """One Spark Connect server (pipeline.core.spark_connect, local[2]) for the session's tests that ask for
+    it, started at the first such test and stopped when the session ends, however it ends."""
+    from pipeline.core.spark_connect import connect_server
+
+    with connect_server(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server

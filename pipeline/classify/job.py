@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pipeline.classify.config import ClassifyConfig, ScoringModel
-from pipeline.classify.models import ResolvedModel, resolve, score_batches, scored_schema
+from pipeline.classify.models import ResolvedModel, loads_column, resolve, score_batches, scored_schema
 from pipeline.classify.selection import Cut, drop_reason_sql, top_fraction_cut
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
@@ -102,8 +102,9 @@ def histograms(decided: DataFrame, spec: ScoringModel, bins: int) -> dict[str, A
     }
 
 
-def summary(decided: DataFrame) -> dict[str, Any]:
-    """Documents and characters kept and dropped per reason, and per language: one aggregation."""
+def summary(decided: DataFrame, models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Documents and characters kept and dropped per reason, and per language, and the loads of each of
+    ``models`` in the workers (``model_loads``): one aggregation."""
     from pyspark.sql import functions as F
 
     lang = (
@@ -113,9 +114,14 @@ def summary(decided: DataFrame) -> dict[str, Any]:
     )
     rows = (
         decided.groupBy("drop_reason", lang.alias("lang"))
-        .agg(F.count(F.lit(1)).alias("documents"), F.sum(F.length("text")).alias("chars"))
+        .agg(
+            F.count(F.lit(1)).alias("documents"),
+            F.sum(F.length("text")).alias("chars"),
+            *(F.sum(loads_column(name)).alias(loads_column(name)) for name in models),
+        )
         .collect()
     )
+    model_loads = {name: sum(int(row[loads_column(name)] or 0) for row in rows) for name in models}
     dropped: dict[str, int] = {}
     dropped_chars: dict[str, int] = {}
     kept = kept_chars = 0
@@ -140,14 +146,15 @@ def summary(decided: DataFrame) -> dict[str, Any]:
         "dropped_chars": dict(sorted(dropped_chars.items())),
         "kept_by_language": dict(sorted(kept_by_language.items())),
         "dropped_by_language": dict(sorted(dropped_by_language.items())),
+        **({"model_loads": model_loads} if models else {}),
     }
 
 
-def score(docs: DataFrame, models: list[ResolvedModel], loads: dict) -> DataFrame:
+def score(docs: DataFrame, models: list[ResolvedModel]) -> DataFrame:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow = scored_schema(to_arrow_schema(docs.schema, timezone="UTC"), models)
-    return map_in_arrow(docs, lambda batches: score_batches(batches, models, loads), spark_schema(arrow))
+    arrow = scored_schema(to_arrow_schema(docs.schema, timezone="UTC"), models, with_loads=True)
+    return map_in_arrow(docs, lambda batches: score_batches(batches, models), spark_schema(arrow))
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
@@ -176,14 +183,15 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
 
         docs = spark.read.parquet(str(source.path / "documents"))
         check_input(docs.columns, classify.models)
-        loads = {model.name: spark.sparkContext.accumulator(0) for model in resolved}
         # Deserialized, as DataFrame.cache() keeps it: at 1M documents (partitions of ~190k) the serialized
         # level ran the JVM out of heap building its in-memory bytes instead of spilling to disk.
-        scored = score(docs, resolved, loads).persist(StorageLevel.MEMORY_AND_DISK_DESER)
+        scored = score(docs, resolved).persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
             cuts = [(spec, cut_for(spec, scored, classify)) for spec in classify.models]
+            loads = tuple(model.name for model in resolved)
             decided = scored.withColumn("drop_reason", F.expr(drop_reason_sql(cuts)))
-            counters = summary(decided)
+            counters = summary(decided, loads)
+            decided = decided.drop(*(loads_column(name) for name in loads))
             views = {spec.name: histograms(decided, spec, classify.histogram_bins) for spec, _ in cuts}
             files = config.spark.output_files
             kept, excluded = write_split(
@@ -207,7 +215,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "column": spec.column,
                 "reason": spec.reason,
                 "cut": cut.record(),
-                "model_loads": loads[spec.name].value,
+                "model_loads": counters["model_loads"][spec.name],
                 "dropped": counters["dropped"].get(spec.reason, 0),
                 **view,
             }

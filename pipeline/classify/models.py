@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -342,9 +343,9 @@ def resolve(spec: ScoringModel, config: PipelineConfig) -> ResolvedModel:
 _LOADED: dict[tuple[str, str], Any] = {}
 
 
-def _load(model: ResolvedModel, loads=None):
+def _load(model: ResolvedModel, loads: Counter[str] | None = None):
     """The model object, loaded the first time this process needs it (keyed by digest too, so a file
-    replaced under the same path is loaded afresh); ``loads`` (a Spark accumulator) counts real loads."""
+    replaced under the same path is loaded afresh); ``loads`` counts real loads by model name."""
     key = (model.path, model.sha256)
     if key not in _LOADED:
         if model.kind == "fasttext":
@@ -355,7 +356,7 @@ def _load(model: ResolvedModel, loads=None):
         else:
             _LOADED[key] = EmbeddingClassifier.load(model.path)
         if loads is not None:
-            loads.add(1)
+            loads[model.name] += 1
     return _LOADED[key]
 
 
@@ -411,7 +412,7 @@ class EmbeddingClassifier:
         return [float(p) for p in self.probabilities(encode(list(texts), EncoderConfig(**self.encoder)))]
 
 
-def score_texts(model: ResolvedModel, texts: Sequence[str], loads=None) -> list[float]:
+def score_texts(model: ResolvedModel, texts: Sequence[str], loads: Counter[str] | None = None) -> list[float]:
     loaded = _load(model, loads)
     if model.kind == "fasttext":
         assert model.label is not None  # resolve() checked a fastText model's label
@@ -419,19 +420,31 @@ def score_texts(model: ResolvedModel, texts: Sequence[str], loads=None) -> list[
     return loaded.scores(texts)
 
 
-def scored_schema(schema: pa.Schema, models: Sequence[ResolvedModel]) -> pa.Schema:
+def loads_column(model_name: str) -> str:
+    """The counter column of the models ``model_name`` loaded in the workers: summed, not written."""
+    return f"_model_loads_{model_name}"
+
+
+def scored_schema(schema: pa.Schema, models: Sequence[ResolvedModel], with_loads: bool = False) -> pa.Schema:
     for model in models:
         schema = schema.append(pa.field(f"score_{model.name}", pa.float64()))
+    if with_loads:
+        for model in models:
+            schema = schema.append(pa.field(loads_column(model.name), pa.int64()))
     return schema
 
 
 def score_batches(
-    batches: Iterator[pa.RecordBatch], models: Sequence[ResolvedModel], loads: dict | None = None
+    batches: Iterator[pa.RecordBatch], models: Sequence[ResolvedModel]
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: every column of the batch, plus ``score_<name>`` for each model. A document whose
-    language a model does not cover gets null there (it passes that model); a null text scores as ""."""
-    loads = loads or {}
+    language a model does not cover gets null there (it passes that model); a null text scores as "".
+    ``_model_loads_<name>`` counts the loads this batch caused on its first row (0 elsewhere): summed in
+    the stage's summary, where Spark Connect has no accumulator."""
     for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        loads: Counter[str] = Counter()
         texts = [text or "" for text in batch.column("text").to_pylist()]
         langs = batch.column("lang").to_pylist() if "lang" in batch.schema.names else [None] * batch.num_rows
         columns = list(batch.columns)
@@ -443,8 +456,10 @@ def score_batches(
                 covered = set(model.languages)
                 chosen = [row for row, lang in enumerate(langs) if lang in covered]
             values: list[float | None] = [None] * len(texts)
-            scores = score_texts(model, [texts[row] for row in chosen], loads.get(model.name))
+            scores = score_texts(model, [texts[row] for row in chosen], loads)
             for row, score in zip(chosen, scores, strict=True):
                 values[row] = score
             columns.append(pa.array(values, pa.float64()))
-        yield pa.RecordBatch.from_arrays(columns, schema=scored_schema(batch.schema, models))
+        for model in models:
+            columns.append(pa.array([loads[model.name]] + [0] * (batch.num_rows - 1), pa.int64()))
+        yield pa.RecordBatch.from_arrays(columns, schema=scored_schema(batch.schema, models, with_loads=True))

@@ -31,7 +31,7 @@ from pipeline.clean.language import identify_language
 from pipeline.clean.url_filter import URL_MARKED_FIELDS, UrlFilter, mark_batches
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
+from pipeline.core.spark import file_splits, map_in_arrow, share, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.documents.normalize import decode_utf8, normalize_text
@@ -301,7 +301,7 @@ def extracted_pages(
 
     A crawl (a fetch ``index/`` pointing into WARC files) is extracted here; an ingest already holds
     ``documents/`` in EXTRACTED_SCHEMA (pipeline.ingest), which are read as they are. ``url_filter`` (a
-    broadcast UrlFilter) marks blocked URLs first; a crawl's blocked pages are never read or extracted.
+    shared UrlFilter) marks blocked URLs first; a crawl's blocked pages are never read or extracted.
     """
     from pyspark.sql import functions as F
 
@@ -309,7 +309,7 @@ def extracted_pages(
         documents = spark.read.parquet(str(source.path / "documents")).select(*EXTRACTED_SCHEMA.names)
         # Spread the rows over the cores only when the files give too few tasks: shuffling a large corpus
         # costs more than it balances.
-        if documents.rdd.getNumPartitions() < config.spark.shuffle_partitions:
+        if file_splits(source.path / "documents") < config.spark.shuffle_partitions:
             documents = documents.repartition(config.spark.shuffle_partitions, "id")
         return documents if url_filter is None else url_marked(documents, url_filter)
     index = spark.read.parquet(str(source.path / "index"))
@@ -329,7 +329,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     with StageOutput(output, config, inputs) as out:
         spark = spark_session(config, f"clean-{output.corpus}-{output.snapshot}")
         url_filter = UrlFilter.from_config(config.clean.url_filter)
-        shared = spark.sparkContext.broadcast(url_filter) if url_filter is not None else None
+        shared = share(spark, url_filter) if url_filter is not None else None
         extracted = extracted_pages(spark, source, config, shared)
         decided = clean_documents(extracted, config).cache()
         try:

@@ -171,7 +171,7 @@ def _word_file(paths: Iterable[str]) -> frozenset[str]:
 
 @dataclass
 class UrlFilter:
-    """The loaded lists; built once in the driver, broadcast to the workers."""
+    """The loaded lists; built once in the driver, shared with the workers (``pipeline.core.spark.share``)."""
 
     blocked: UrlLists
     allowed: UrlLists
@@ -249,7 +249,7 @@ URL_MARKED_FIELDS = [pa.field("url_rule", pa.string()), pa.field("url_reason", p
 
 def mark_batches(batches: Iterator[pa.RecordBatch], url_filter) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: each batch with ``url_rule`` and ``url_reason`` (null when the URL passes);
-    ``url_filter`` is a broadcast ``UrlFilter``."""
+    ``url_filter`` is a shared ``UrlFilter`` (``pipeline.core.spark.share``)."""
     checker = url_filter.value
     for batch in batches:
         results = [checker.check(url) for url in batch.column("url").to_pylist()]

@@ -92,6 +92,12 @@ def _data_root_problem(root: Path) -> str | None:
 
 class SparkConfig(Section):
     master: str = "local[2]"
+    remote: str | None = Field(
+        None,
+        pattern=r"^sc://[^/\s]+",
+        description="a Spark Connect server (sc://host:port) to attach to instead of starting a JVM; "
+        "default: $SPARK_REMOTE, else none (pipeline.core.spark)",
+    )
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(8, gt=0)
     output_files: int = Field(

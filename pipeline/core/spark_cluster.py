@@ -55,6 +55,40 @@ def spark_class() -> Path:
     return Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
+def daemon_environment(folder: Path) -> dict[str, str]:
+    """The environment of a Spark JVM started here: loopback only, its scratch space and (empty) conf dir
+    under ``folder``, and Python workers that run this interpreter and import this checkout's ``pipeline``."""
+    return {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_DIRS": str(folder / "local"),
+        "SPARK_CONF_DIR": str(folder / "conf"),  # empty: no spark-defaults from elsewhere
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYTHONPATH": os.pathsep.join(
+            part for part in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if part
+        ),
+    }
+
+
+def start_daemon(argv: list[str], env: dict[str, str], folder: Path, log_path: Path) -> subprocess.Popen:
+    """Start a long-lived Spark JVM in its own process group, its output appended to ``log_path``."""
+    for sub in ("local", "conf"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        # Through pipeline.core.proc: the kernel stops the daemon should this process die, even by SIGKILL.
+        command = [sys.executable, "-m", "pipeline.core.proc", str(os.getpid()), str(int(signal.SIGTERM))]
+        return subprocess.Popen(
+            [*command, *argv],
+            env=env,
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: stopping it takes the JVM and every process it forked
+        )
+
+
 @dataclass
 class StandaloneCluster:
     """A running master and its workers; ``stop()`` ends them (and the executors they started)."""
@@ -95,10 +129,7 @@ class StandaloneCluster:
 
     def start_process(self, name: str, main_class: str, *args: str) -> None:
         env = {
-            **os.environ,
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOCAL_DIRS": str(self.folder / "local"),
-            "SPARK_CONF_DIR": str(self.folder / "conf"),  # empty: no spark-defaults from elsewhere
+            **daemon_environment(self.folder),
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
             # A master whose port was taken since free_port() fails, instead of moving to the next port
             # where nobody would look for it. The master's REST submission server is off: nothing here
@@ -106,25 +137,8 @@ class StandaloneCluster:
             # on the machine (two test suites at once) cannot bind, which left that master in STANDBY,
             # refusing its workers for good.
             "SPARK_DAEMON_JAVA_OPTS": "-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false",
-            # Executors run this interpreter and import this checkout's `pipeline`, as the driver does.
-            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-            "PYTHONPATH": os.pathsep.join(
-                part for part in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if part
-            ),
         }
-        log = self.log(name).open("ab")
-        # Through pipeline.core.proc: the kernel stops the daemon should this process die, even by SIGKILL.
-        command = [sys.executable, "-m", "pipeline.core.proc", str(os.getpid()), str(int(signal.SIGTERM))]
-        process = subprocess.Popen(
-            [*command, str(spark_class()), main_class, *args],
-            env=env,
-            cwd=self.folder,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: stop() takes the JVM and every executor it forked
-        )
-        log.close()
+        process = start_daemon([str(spark_class()), main_class, *args], env, self.folder, self.log(name))
         self.processes.append((name, process))
 
     def start(self, cores: int, memory: str, ready_timeout_s: float) -> None:

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import map_in_arrow, spark_schema, spark_session
+from pipeline.core.spark import map_in_arrow, share, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.decontaminate import sources
 from pipeline.decontaminate.config import DecontaminateConfig
@@ -243,7 +243,7 @@ MATCH_ROWS_SCHEMA = pa.schema([("id", pa.string()), ("matches", MATCHES_TYPE)])
 
 def broadcast_matches(docs: DataFrame, index: NgramIndex) -> DataFrame:
     """(id, matches) for documents with a confirmed match, looked up in the index broadcast whole."""
-    shared = docs.sparkSession.sparkContext.broadcast(index)
+    shared = share(docs.sparkSession, index)
 
     def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -297,7 +297,7 @@ def joined_matches(docs: DataFrame, index: DataFrame, ngrams: int, widths: list[
             bloom.add(np.array(chunk, dtype=np.int64))
             chunk.clear()
     bloom.add(np.array(chunk, dtype=np.int64))
-    shared = docs.sparkSession.sparkContext.broadcast(bloom)
+    shared = share(docs.sparkSession, bloom)
     schema = pa.schema(
         [
             ("id", pa.string()),

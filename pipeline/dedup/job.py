@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,13 +109,10 @@ def _exact_keys(normalized: pa.Array, texts: pa.Array) -> list[bytes]:
 
 
 def feature_batches(
-    batches: Iterator[pa.RecordBatch], hasher: MinHasher, with_urls: bool, with_bands: bool, hashed=None
+    batches: Iterator[pa.RecordBatch], hasher: MinHasher, with_urls: bool, with_bands: bool
 ) -> Iterator[pa.RecordBatch]:
-    """FEATURES_SCHEMA for each batch of (id, text[, url, fetch_time]); fetch_time passes through.
-    ``hashed``, a Spark accumulator, counts the documents hashed (the work incremental dedup saves)."""
+    """FEATURES_SCHEMA for each batch of (id, text[, url, fetch_time]); fetch_time passes through."""
     for batch in batches:
-        if hashed is not None:
-            hashed.add(batch.num_rows)
         texts = batch.column("text")
         normalized = normalize_for_dedup(texts)
         shingles = hasher.shingles_of_normalized(normalized)
@@ -256,10 +254,25 @@ def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
         raise DedupInputError("input documents already have a drop_reason column; pass kept documents only")
 
 
+@dataclass
+class HashedCount:
+    """Documents through MinHash in one run, counted in the driver from each pass's row count."""
+
+    value: int = 0
+
+    def add(self, documents: int) -> None:
+        self.value += documents
+
+
 def document_features(
-    docs: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock, hashed=None
+    docs: DataFrame,
+    hasher: MinHasher,
+    dedup: DedupConfig,
+    clock: StepClock,
+    hashed: HashedCount | None = None,
 ) -> tuple[DataFrame, int, dict]:
-    """Features of every input row, persisted, and the input checks done in the same pass."""
+    """Features of every input row, persisted, and the input checks done in the same pass. Every row goes
+    through MinHash once, so the pass's row count is what it adds to ``hashed``."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -269,7 +282,7 @@ def document_features(
         schema = schema.add(projected.schema["fetch_time"])
     features = map_in_arrow(
         projected,
-        lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near, hashed),
+        lambda batches: feature_batches(batches, hasher, dedup.url_dedup, dedup.near),
         schema,
     ).persist(StorageLevel.MEMORY_AND_DISK)
     stats = aggregate(
@@ -292,6 +305,8 @@ def document_features(
             f"{stats['rows'] - stats['distinct_ids']} input row(s) repeat another row's id; "
             "ids must be unique (one row per URL, as the clean stage writes)"
         )
+    if hashed is not None:
+        hashed.add(int(stats["rows"]))
     counters = {
         "input_documents": int(stats["rows"]),
         "documents_without_tokens": int(stats["no_tokens"]),
@@ -490,7 +505,7 @@ def drop_earlier_duplicates(
     decisions: DataFrame,
     docs: DataFrame,
     folder: Path,
-    hashed,
+    hashed: HashedCount,
 ) -> tuple[DataFrame, int, dict, dict]:
     """(decisions with the cross-snapshot drops and their earlier_snapshot/earlier_id, matches written, counts,
     what the history leaves out): the documents this snapshot keeps on its own (``folder``/keys) against the
@@ -601,7 +616,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             s_curve_table(hasher.bands, hasher.rows),
         )
         clock.done("start")
-        hashed = spark.sparkContext.accumulator(0)  # documents through MinHash in this run, history included
+        hashed = HashedCount()  # documents through MinHash in this run, history included
         features, null_text, counters = document_features(docs, hasher, dedup, clock, hashed)
         files = config.spark.output_files
         decisions, near_counters, (semantic, assignments), semantic_extra = decide(

@@ -196,7 +196,7 @@ def extract_batches(
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: fetch-index rows in, one extracted document (or a drop reason) per row out.
 
-    ``url_filter`` (a broadcast ``pipeline.clean.url_filter.UrlFilter``) is checked first: a blocked page is
+    ``url_filter`` (a shared ``pipeline.clean.url_filter.UrlFilter``, ``pipeline.core.spark.share``) is checked first: a blocked page is
     not read at all, its reason is the URL rule's."""
     root = Path(crawl_root)
     checker = url_filter.value if url_filter is not None else None

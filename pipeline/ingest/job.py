@@ -78,8 +78,8 @@ def _listing(spark: SparkSession, files: list[SourceFile], parts: dict[str, list
         for entry in files
         for part in (parts or {}).get(entry.path, [(None, None, None, None)])
     ]
-    rdd = spark.sparkContext.parallelize(rows, max(1, len(rows)))
-    return spark.createDataFrame(rdd, columns)
+    # One row per partition: a round-robin repartition of one local list spreads them one each.
+    return spark.createDataFrame(rows, columns).repartition(max(1, len(rows)))
 
 
 def checksums(spark: SparkSession, files: list[SourceFile], settings) -> dict[str, dict]:
