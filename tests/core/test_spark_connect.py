@@ -102,7 +102,8 @@ def train_fasttext(folder: Path, good: list[str], bad: list[str]) -> Path:
     random.Random(1).shuffle(lines)
     training = folder / "labelled.txt"
     training.write_text("\n".join(lines) + "\n")
-    model = fasttext.train_supervised(str(training), dim=10, bucket=2000, epoch=5, thread=1, verbose=0)
+    # fastText 0.9.x gives NaN on tiny inputs unless dim is a multiple of 10 with 10 threads (classify/config.py).
+    model = fasttext.train_supervised(str(training), dim=10, bucket=2000, epoch=5, thread=10, verbose=0)
     path = folder / "tiny.bin"
     model.save_model(str(path))
     return path
