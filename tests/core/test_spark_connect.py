@@ -64,7 +64,8 @@ def test_the_remote_rule_config_first_then_spark_remote_and_never_two_different_
 def write_corpus(folder: Path) -> list[str]:
     """A JSONL source of ~50 documents; returns the config overrides that read and judge it."""
     folder.mkdir(parents=True)
-    leads = sorted(wikipedia_extracts(), key=len, reverse=True)[:40]
+    extracts = sorted(wikipedia_extracts(), key=len, reverse=True)
+    leads, planted = extracts[:40], extracts[40]  # planted: no near duplicate of it for dedup to drop first
     rows = [
         {"text": text, "url": f"https://site{i % 5}.example.org/lead/{i}"} for i, text in enumerate(leads)
     ]
@@ -74,7 +75,7 @@ def write_corpus(folder: Path) -> list[str]:
     rows.append({"text": leads[0], "url": "https://mirror.example.com/copy"})  # an exact duplicate
     rows.append({"text": leads[1], "url": "https://blocked.example.com/page"})  # on the blocklist
     rows.append(
-        {"text": f"{leads[2]} Quiz: {QUESTION}? Answer: {ANSWER}.", "url": "https://quiz.example.org/1"}
+        {"text": f"{planted} Quiz: {QUESTION}? Answer: {ANSWER}.", "url": "https://quiz.example.org/1"}
     )
     sources = folder / "sources"
     sources.mkdir()
