@@ -156,7 +156,7 @@ STAGES: tuple[Stage, ...] = (
         per_run=True,
         sections={
             "data": "pipeline.data.config:DataConfig",
-            "model": "pipeline.model.section:ModelSection",
+            "model": "pipeline.model.config:ModelSection",
             "train": "pipeline.train.config:TrainConfig",
             "distributed": "pipeline.train.config:DistributedConfig",
         },

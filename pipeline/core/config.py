@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "PRETRAIN__"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,15 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # inf and nan are never a sensible setting (train.lr=.inf trained to NaN losses and published).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    def tree_problem(self, tree: Any) -> str | None:
+        """What is wrong with this section next to the other sections of ``tree`` (naming the keys), or None.
+
+        The checks that span sections, declared by the section that owns them (``train`` checks its
+        pipeline split against ``model`` and ``data``), so the tree that assembles the sections needs to
+        know none of them. Runs once the whole tree is validated.
+        """
+        return None
 
 
 class ProjectConfig(Section):
@@ -121,6 +130,14 @@ class CoreConfig(Section):
     project: ProjectConfig = Field(default_factory=ProjectConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _sections_agree(self) -> CoreConfig:
+        for name in type(self).model_fields:
+            problem = getattr(self, name).tree_problem(self)
+            if problem:
+                raise ValueError(problem)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

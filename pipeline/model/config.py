@@ -1,6 +1,7 @@
 """Model hyper-parameters, named presets, and the parameter/FLOP accounting that follows from them.
 
-Kept free of torch so config validation stays cheap (``ModelSection`` builds one to check ``model.overrides``).
+Kept free of torch so config validation stays cheap: the `model` config section (``ModelSection``) lives
+here too and builds one to check ``model.overrides``.
 """
 
 from __future__ import annotations
@@ -8,6 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.core.config import Section
 
 ATTENTION_PATTERNS = ("causal", "sliding_window", "blockwise")
 ATTENTION_KERNELS = ("auto", "sdpa")
@@ -378,3 +383,38 @@ def model_config(preset: str, **overrides) -> GPTConfig:
     except KeyError:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}") from None
     return base.with_overrides(**overrides)
+
+
+class ModelSection(Section):
+    """The `model` config section: a preset name plus field overrides, checked by building the GPTConfig."""
+
+    preset: str = Field("tiny", json_schema_extra={"enum": list(sorted(PRESETS))})
+    overrides: dict[str, Any] = Field(default_factory=dict, description="fields of pipeline.model.GPTConfig")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str) -> str:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return preset
+
+    @field_validator("overrides")
+    @classmethod
+    def _known_fields(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        known = set(GPTConfig.__dataclass_fields__)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown model field(s) {unknown}; known: {sorted(known)}")
+        return overrides
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSection:
+        try:
+            self.gpt()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model.overrides do not give a valid {self.preset!r} model: {exc}") from None
+        return self
+
+    def gpt(self) -> GPTConfig:
+        """The model this section describes (before the trainer sets the tokenizer's vocab_size)."""
+        return model_config(self.preset, **self.overrides)
