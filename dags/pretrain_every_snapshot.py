@@ -8,6 +8,8 @@ paused: unpause it, or `pretrain` (one snapshot per event), or both. The form is
 
 from __future__ import annotations
 
+from typing import Any
+
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
@@ -16,7 +18,7 @@ from operators.defaults import DEFAULT_ARGS, check_run_conf
 from operators.tasks import training_tasks
 from operators.training import form_params, resolve_training_run
 
-CORPUS_PARAM = {
+CORPUS_PARAM: dict[str, Any] = {
     "default": None,
     "type": ["null", "string"],
     "title": "Corpus",
