@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Self, get_args, get_origin
+from typing import Any, ClassVar, Literal, Self, get_args, get_origin
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
@@ -41,11 +41,15 @@ __all__ = ["ConfigError", "PipelineConfig", "config_key", "key_choices", "load_c
 class PipelineConfig(CoreConfig):
     """Every setting of the pipeline: the shared sections plus each registered stage's, in pipeline order."""
 
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "classifier": "classifier_training"
+    }  # next to `classify`, the stage, it read as the same
+
     crawl: CrawlConfig = Field(default_factory=CrawlConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
-    classifier: ClassifierTrainingConfig = Field(default_factory=ClassifierTrainingConfig)
+    classifier_training: ClassifierTrainingConfig = Field(default_factory=ClassifierTrainingConfig)
     classify: ClassifyConfig = Field(default_factory=ClassifyConfig)
     decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)

@@ -102,7 +102,7 @@ STAGES: tuple[Stage, ...] = (
         group="corpus",
         help="Spark + fastText: train a quality classifier from reference text against a corpus sample "
         "(or labelled scores); --snapshot names the model",
-        sections={"classifier": "pipeline.classify.config:ClassifierTrainingConfig"},
+        sections={"classifier_training": "pipeline.classify.config:ClassifierTrainingConfig"},
         artifacts=("model.bin", "model.json", "metrics.json", "plots"),
     ),
     Stage(

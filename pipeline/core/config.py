@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -44,6 +44,9 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # inf and nan are never a sensible setting (train.lr=.inf trained to NaN losses and published).
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Keys that were renamed, old -> new: a config still using an old one is refused, naming the new one
+    # (CHANGELOG.md lists each rename).
+    renamed_keys: ClassVar[dict[str, str]] = {}
 
     def tree_problem(self, tree: Any) -> str | None:
         """What is wrong with this section next to the other sections of ``tree`` (naming the keys), or None.
@@ -223,6 +226,11 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
         if fields is not None:
             if part not in fields:
                 where = ".".join(parts[:depth]) or "the top level"
+                if (new := getattr(model, "renamed_keys", {}).get(part)) is not None:
+                    renamed = ".".join([*parts[:depth], new, *parts[depth + 1 :]])
+                    raise ConfigError(
+                        f"{dotted}: {part!r} under {where} is now called {new!r}; write {renamed} (from {source})"
+                    )
                 raise ConfigError(
                     f"{dotted}: {unknown_key_message(part, fields)} under {where} (from {source})"
                 )
