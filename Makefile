@@ -97,7 +97,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The type checker over pipeline/ and operators/ (its settings: [mypy] in setup.cfg).
+# The type checker over pipeline/, operators/ and dags/ (its settings: [mypy] in setup.cfg).
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

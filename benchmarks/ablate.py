@@ -198,12 +198,12 @@ def train_quality_classifier(folder: Path, common: list[str]) -> tuple[list[str]
         None,
         [
             *common,
-            f"classifier.positives=[{{path: '{positives}'}}]",
-            f"classifier.negatives=[{{path: '{negatives}'}}]",
-            "classifier.fasttext.bucket=200000",  # 80 MB instead of DCLM's 800 MB of bigram buckets
+            f"classifier_training.positives=[{{path: '{positives}'}}]",
+            f"classifier_training.negatives=[{{path: '{negatives}'}}]",
+            "classifier_training.fasttext.bucket=200000",  # 80 MB instead of DCLM's 800 MB of bigram buckets
             # At fastText's 5 epochs on 1,200 short examples its bigrams had not learned word order: word
             # salad scored like prose (ROC AUC 0.62 between the two on a 2,400-page corpus); at 25, 0.998.
-            "classifier.fasttext.epoch=25",
+            "classifier_training.fasttext.epoch=25",
         ],
     )
     ref = DatasetRef.of(config, "train_classifier", CLASSIFIER_MODEL)

@@ -231,11 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             None,
             [
                 *common,
-                f"classifier.positives=[{{path: {work / 'positives.jsonl'}}}]",
-                f"classifier.negatives=[{{path: {work / 'negatives.jsonl'}}}]",
+                f"classifier_training.positives=[{{path: {work / 'positives.jsonl'}}}]",
+                f"classifier_training.negatives=[{{path: {work / 'negatives.jsonl'}}}]",
                 # 200,000 bigram buckets: an 80 MB model (DCLM's 2,000,000 make it 800 MB; the per-document
                 # cost is the same, only loading differs)
-                f"classifier.fasttext.bucket={20_000 if args.smoke else 200_000}",
+                f"classifier_training.fasttext.bucket={20_000 if args.smoke else 200_000}",
             ],
             environ={},
         )

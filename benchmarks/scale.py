@@ -263,7 +263,7 @@ def write_config(work: Path, master: str) -> Path:
         },
         "logging": {"console": False},
         "ingest": {"id_column": "id"},
-        "classifier": {
+        "classifier_training": {
             "positives": [{"path": str(work / "positives.jsonl")}],
             "negatives": [{"path": str(work / "negatives.jsonl")}],
             "fasttext": {"bucket": 200_000},  # an 80 MB model; DCLM's 2M buckets cost the same per document

@@ -1,8 +1,8 @@
 """Train a quality classifier, triggered by hand: the train_classifier stage, one task.
 
 The snapshot names the model (`train_classifier/<snapshot>/model.bin`); the examples come from `classifier.*`
-overrides, e.g. `classifier.positives=[{path: /data/reference.jsonl}]` and
-`classifier.negatives=[{stage: dedup, snapshot: 2026-11-29}]`. The corpus DAGs then use it through
+overrides, e.g. `classifier_training.positives=[{path: /data/reference.jsonl}]` and
+`classifier_training.negatives=[{stage: dedup, snapshot: 2026-11-29}]`. The corpus DAGs then use it through
 `classify.models=[{name: quality, trained: <snapshot>, top_fraction: 0.1}]`. See docs/filtering.md.
 """
 
@@ -25,7 +25,7 @@ from pipeline.stages import stage
     render_template_as_native_obj=True,
     doc_md=__doc__,
     tags=["pretrain", "corpus", "classifier"],
-    params=run_params("classifier.positives=[{path: /data/reference.jsonl}]"),
+    params=run_params("classifier_training.positives=[{path: /data/reference.jsonl}]"),
 )
 def train_classifier():
     stage_task(stage("train_classifier"))

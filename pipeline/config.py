@@ -1,26 +1,39 @@
 """The whole pipeline's config tree: the shared sections (``pipeline.core.config``) plus every stage's own.
 
-``PipelineConfig`` is assembled from the stage registry (``pipeline.stages``, which names each section by
-where its class lives; here they are imported), so a new stage's section joins
-the tree, the CLI's ``--set`` keys, the environment variables and the config hash with its registry entry.
-``pretrain config`` prints the resolved tree.
+``PipelineConfig`` declares one typed field per section, so ``config.train`` is a ``TrainConfig`` to the
+type checker and a misspelt key fails ``make typecheck``. Each section class lives in its package's
+``config.py`` (a leaf module: pydantic and ``pipeline.core`` only), the one kind of stage module this file
+imports. The stage registry (``pipeline.stages``) names the same sections by where they live, and
+tests/test_stages.py checks that the two agree. Checks that span sections belong to the section that owns
+them (``Section.tree_problem``). ``pretrain config`` prints the resolved tree.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, get_args, get_origin
+from typing import Any, ClassVar, Literal, Self, get_args, get_origin
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from pipeline.core.config import ConfigError, CoreConfig, Section, load_tree, unknown_key_message
+from pipeline.classify.config import ClassifierTrainingConfig, ClassifyConfig
+from pipeline.clean.config import CleanConfig
+from pipeline.core.config import ConfigError, CoreConfig, load_tree, unknown_key_message
 from pipeline.core.storage import validate_run_id
-from pipeline.model.config import model_config
-from pipeline.stages import BY_NAME, config_sections
-from pipeline.train.config import pipeline_layout_problem
+from pipeline.crawl.config import CrawlConfig
+from pipeline.data.config import DataConfig
+from pipeline.decontaminate.config import DecontaminateConfig
+from pipeline.dedup.config import DedupConfig
+from pipeline.evaluate.config import EvaluateConfig
+from pipeline.export.config import ExportConfig
+from pipeline.ingest.config import IngestConfig
+from pipeline.model.config import ModelSection
+from pipeline.quality.config import QualityConfig
+from pipeline.stages import BY_NAME
+from pipeline.tokenization.config import TokenizeConfig, TokenizerConfig
+from pipeline.tracking.config import TrackingConfig
+from pipeline.train.config import DistributedConfig, TrainConfig
 
 __all__ = [
     "ConfigError",
@@ -33,22 +46,30 @@ __all__ = [
 ]
 
 
-class _PipelineTree(CoreConfig):
-    """What the whole tree knows beyond the shared sections: which stages keep one output per run."""
+class PipelineConfig(CoreConfig):
+    """Every setting of the pipeline: the shared sections plus each registered stage's, in pipeline order."""
 
-    if TYPE_CHECKING:
-        # The stage sections join the tree at import time, from the registry (below): to a type checker each
-        # is simply an attribute of the tree.
-        def __getattr__(self, name: str) -> Any: ...
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "classifier": "classifier_training"
+    }  # next to `classify`, the stage, it read as the same
 
-    @model_validator(mode="after")
-    def _pipeline_fits_model(self):
-        """Checks across sections, before any work: the pipeline split against the model and the batching."""
-        layers = model_config(self.model.preset, **self.model.overrides).num_hidden_layers
-        problem = pipeline_layout_problem(self.train, layers, self.data.batching)
-        if problem:
-            raise ValueError(problem)
-        return self
+    crawl: CrawlConfig = Field(default_factory=CrawlConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    classifier_training: ClassifierTrainingConfig = Field(default_factory=ClassifierTrainingConfig)
+    classify: ClassifyConfig = Field(default_factory=ClassifyConfig)
+    decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def keeps_runs(self, stage: str) -> bool:
         entry = BY_NAME.get(stage)
@@ -64,24 +85,6 @@ class _PipelineTree(CoreConfig):
             return self
         validate_run_id(run_id)
         return self.model_copy(update={"train": self.train.model_copy(update={"run_id": run_id})})
-
-
-def section_class(location: str) -> type[Section]:
-    """The section class a registry entry names (``"pipeline.train.config:TrainConfig"``)."""
-    module, _, name = location.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-SECTIONS: dict[str, type[Section]] = {name: section_class(where) for name, where in config_sections().items()}
-if TYPE_CHECKING:
-    PipelineConfig = _PipelineTree
-else:
-    PipelineConfig = create_model(
-        "PipelineConfig",
-        __base__=_PipelineTree,
-        __doc__="Every setting of the pipeline: the shared sections plus each registered stage's.",
-        **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()},
-    )
 
 
 def load_config(

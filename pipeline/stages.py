@@ -118,7 +118,7 @@ STAGES: tuple[Stage, ...] = (
         help="Spark + fastText: train a quality classifier from reference text against a corpus sample "
         "(or labelled scores); --snapshot names the model",
         run="pipeline.classify.training.job:run",
-        sections={"classifier": "pipeline.classify.config:ClassifierTrainingConfig"},
+        sections={"classifier_training": "pipeline.classify.config:ClassifierTrainingConfig"},
         artifacts=("model.bin", "model.json", "metrics.json", "plots"),
     ),
     Stage(
@@ -177,7 +177,7 @@ STAGES: tuple[Stage, ...] = (
         per_run=True,
         sections={
             "data": "pipeline.data.config:DataConfig",
-            "model": "pipeline.model.section:ModelSection",
+            "model": "pipeline.model.config:ModelSection",
             "train": "pipeline.train.config:TrainConfig",
             "distributed": "pipeline.train.config:DistributedConfig",
         },

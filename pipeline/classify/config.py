@@ -1,4 +1,4 @@
-"""The `classify` section (scoring and selection) and the `classifier` section (training one), docs/filtering.md."""
+"""The `classify` section (scoring and selection) and the `classifier_training` section (training one), docs/filtering.md."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class ClassifierTrainingConfig(Section):
         """At run time, not at load (the tree is valid without a classifier to train)."""
         if not self.labelled and not (self.positives and self.negatives):
             raise ValueError(
-                "classifier: give positives and negatives (reference text against a corpus sample), or labelled"
+                "classifier_training: give positives and negatives (reference text against a corpus sample), or labelled"
             )
 
 

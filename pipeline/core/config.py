@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "PRETRAIN__"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +52,15 @@ class Section(BaseModel):
     # Old key -> the key that replaced it: a config still using the old name is refused naming the new one,
     # rather than with a bare "unknown key".
     renamed_keys: ClassVar[dict[str, str]] = {}
+
+    def tree_problem(self, tree: Any) -> str | None:
+        """What is wrong with this section next to the other sections of ``tree`` (naming the keys), or None.
+
+        The checks that span sections, declared by the section that owns them (``train`` checks its
+        pipeline split against ``model`` and ``data``), so the tree that assembles the sections needs to
+        know none of them. Runs once the whole tree is validated.
+        """
+        return None
 
 
 class ProjectConfig(Section):
@@ -135,6 +144,14 @@ class CoreConfig(Section):
     project: ProjectConfig = Field(default_factory=ProjectConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _sections_agree(self) -> CoreConfig:
+        for name in type(self).model_fields:
+            problem = getattr(self, name).tree_problem(self)
+            if problem:
+                raise ValueError(problem)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -222,7 +239,7 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
             if part not in fields:
                 where = ".".join(parts[:depth]) or "the top level"
                 if renamed := getattr(model, "renamed_keys", {}).get(part):
-                    new_key = ".".join([*parts[:depth], renamed])
+                    new_key = ".".join([*parts[:depth], renamed, *parts[depth + 1 :]])
                     raise ConfigError(f"{dotted}: renamed to {new_key}; set that key instead (from {source})")
                 raise ConfigError(
                     f"{dotted}: {unknown_key_message(part, fields)} under {where} (from {source})"

@@ -42,7 +42,7 @@ def spider_settings(config: PipelineConfig, sample_site: str | None = None) -> d
     """Scrapy settings from the config's crawl section; ``sample_site``: ``host:port`` of the bundled site
     this crawl serves."""
     crawl = config.crawl
-    settings = {
+    settings: dict[str, Any] = {
         "USER_AGENT": crawl.user_agent,
         "DOWNLOAD_DELAY": crawl.download_delay,
         "AUTOTHROTTLE_ENABLED": crawl.autothrottle,

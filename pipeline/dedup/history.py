@@ -177,7 +177,7 @@ def history_gaps(
             name,
         )
     # A name given by hand with no folder in either stage is most likely misspelt or of another corpus.
-    missing = _earlier(snapshot, selection.missing(present))
+    missing = _earlier(snapshot, selection.missing(sorted(present)))
     if missing:
         log.warning(
             "dedup.against names %s, which %s/%s has no %s or %s output of at all (misspelt, or of another "

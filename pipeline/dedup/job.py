@@ -515,6 +515,8 @@ def drop_earlier_duplicates(
     from pyspark.sql import functions as F
 
     dedup, seed, files = config.dedup, config.project.seed, config.spark.output_files
+    against = dedup.against
+    assert against is not None, "the caller runs this only when dedup.against names earlier snapshots"
     spark = docs.sparkSession
 
     def compute_keys(documents: DataFrame, snapshot: str) -> DataFrame:
@@ -531,18 +533,16 @@ def drop_earlier_duplicates(
         return computed
 
     gaps = history_gaps(
-        output.root, output.corpus, output.snapshot, dedup.against, input_stage, output.stage
+        output.root, output.corpus, output.snapshot, against, input_stage, output.stage
     ).as_dict()
-    history = load_history(
-        spark, output, input_stage, dedup.against, keys_settings(hasher, dedup), compute_keys
-    )
+    history = load_history(spark, output, input_stage, against, keys_settings(hasher, dedup), compute_keys)
     if not history.snapshots:  # the first snapshot, or a backfill of the oldest: nothing to compare with
         log.info("dedup.against %s: no earlier snapshot of %s", dedup.against, output.corpus)
         none = F.lit(None).cast("string")
         matches = spark.createDataFrame([], spark_schema(MATCHES_SCHEMA))
         written = write_parquet(matches, folder / EARLIER, files, known_rows=0)
-        counters = {"against": dedup.against, "snapshots": [], "stored": [], "computed": []}
-        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, counters, gaps
+        summary: dict[str, object] = {"against": against, "snapshots": [], "stored": [], "computed": []}
+        return decisions.withColumns({"earlier_snapshot": none, "earlier_id": none}), written, summary, gaps
     matches, counters = earlier_duplicates(
         spark.read.parquet(str(folder / KEYS)),
         docs.where(F.col("text").isNotNull()).select("id", "text"),
@@ -577,8 +577,8 @@ def drop_earlier_duplicates(
     decisions.unpersist()
     for frame in history.to_release:
         frame.unpersist()
-    counters = {
-        "against": dedup.against,
+    summary = {
+        "against": against,
         "snapshots": history.snapshots,
         "stored": history.stored,
         "computed": history.computed,
@@ -593,7 +593,7 @@ def drop_earlier_duplicates(
         counters["exact_matches"],
         counters["near_matches"],
     )
-    return updated, written, counters, gaps
+    return updated, written, summary, gaps
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:

@@ -1,20 +1,34 @@
 """Model hyper-parameters, named presets, and the parameter/FLOP accounting that follows from them.
 
-Kept free of torch so config validation stays cheap (``ModelSection`` builds one to check ``model.overrides``).
+Kept free of torch so config validation stays cheap: the `model` config section (``ModelSection``) lives
+here too and builds one to check ``model.overrides``.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import fields, replace
+from typing import Annotated, Any, Literal, get_args
 
-ATTENTION_PATTERNS = ("causal", "sliding_window", "blockwise")
-ATTENTION_KERNELS = ("auto", "sdpa")
-NORMS = ("rmsnorm", "layernorm")
-ACTIVATIONS = ("swiglu", "gelu")
-ROUTER_SCORES = ("softmax", "sigmoid")
-FUSED_CROSS_ENTROPY = ("off", "chunked", "liger", "cce", "auto")
+from pydantic import ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from pipeline.core.config import Section
+
+# The field rules (types, bounds, choices) are declared once, on the fields below, and checked by pydantic
+# whenever a GPTConfig is made: from a preset with overrides, from `model.overrides` in the config, or from
+# the plain dict a checkpoint stores. __post_init__ holds only the rules that span fields.
+AttentionPattern = Literal["causal", "sliding_window", "blockwise"]
+AttentionKernel = Literal["auto", "sdpa"]
+Norm = Literal["rmsnorm", "layernorm"]
+Activation = Literal["swiglu", "gelu"]
+RouterScore = Literal["softmax", "sigmoid"]
+FusedCrossEntropy = Literal["off", "chunked", "liger", "cce", "auto"]
+ATTENTION_PATTERNS: tuple[str, ...] = get_args(AttentionPattern)
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+NORMS: tuple[str, ...] = get_args(Norm)
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
+ROUTER_SCORES: tuple[str, ...] = get_args(RouterScore)
+FUSED_CROSS_ENTROPY: tuple[str, ...] = get_args(FusedCrossEntropy)
 # Upper bounds of the sizes, far past any model trained today: a typo such as hidden_size 10**9 or 10**9
 # layers otherwise passes every check and fails inside torchrun, allocating, after three restarts.
 MAX_SIZE = {
@@ -30,20 +44,34 @@ MAX_SIZE = {
 MAX_PARAMETERS = 10**13  # ten trillion: the whole model, all experts counted
 
 
-@dataclass(frozen=True)
+def _size(most: int) -> Any:
+    return Field(ge=1, le=most)
+
+
+# Each value exactly its declared type (YAML, JSON and --set give whatever was written: no "128" -> 128, no
+# True -> 1), every float finite (a NaN passes every comparison as False). JSON and YAML give moe_layers as a
+# list, which becomes the tuple that keeps the config hashable.
+_RULES = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+@dataclass(frozen=True, config=_RULES)
 class GPTConfig:
-    vocab_size: int = 2048
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4  # fewer than num_attention_heads gives grouped-query attention
-    intermediate_size: int = 352
-    max_position_embeddings: int = 256
-    rope_theta: float = 10_000.0
-    norm: str = "rmsnorm"
-    rms_norm_eps: float = 1e-6
-    activation: str = "swiglu"
-    dropout: float = 0.0
+    vocab_size: Annotated[int, _size(MAX_SIZE["vocab_size"])] = 2048
+    hidden_size: Annotated[int, _size(MAX_SIZE["hidden_size"])] = 128
+    num_hidden_layers: Annotated[int, _size(MAX_SIZE["num_hidden_layers"])] = 2
+    num_attention_heads: Annotated[int, _size(MAX_SIZE["num_attention_heads"])] = 4
+    # fewer than num_attention_heads gives grouped-query attention
+    num_key_value_heads: Annotated[int, _size(MAX_SIZE["num_key_value_heads"])] = 4
+    intermediate_size: Annotated[int, _size(MAX_SIZE["intermediate_size"])] = 352
+    max_position_embeddings: Annotated[int, _size(MAX_SIZE["max_position_embeddings"])] = 256
+    rope_theta: Positive = 10_000.0
+    norm: Norm = "rmsnorm"
+    rms_norm_eps: Positive = 1e-6
+    activation: Activation = "swiglu"
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
     activation_checkpointing: bool = False  # recompute each block in backward instead of storing activations
@@ -52,48 +80,38 @@ class GPTConfig:
     # "off": lm_head, then cross-entropy over the full logits (the reference). "chunked": PyTorch, in chunks
     # of fused_cross_entropy_chunk_size rows. "liger", "cce": Liger Kernel's / Apple's Triton kernels (CUDA,
     # the gpu extra). "auto": cce, else liger, where installed and on CUDA; chunked otherwise.
-    fused_cross_entropy: str = "off"
-    fused_cross_entropy_chunk_size: int = 2048
+    fused_cross_entropy: FusedCrossEntropy = "off"
+    fused_cross_entropy_chunk_size: Annotated[int, Field(ge=1)] = 2048
 
     # Attention pattern, always causal. "sliding_window": query i sees keys i-w+1..i.
     # "blockwise": positions fall into blocks of attention_block_size; a query sees its own block and the
     # attention_local_blocks blocks before it. attention_global_tokens: the first g tokens of each document
     # stay visible to every later query of that document (both local patterns).
-    attention_pattern: str = "causal"
-    attention_window: int | None = None
-    attention_block_size: int = 64
-    attention_local_blocks: int = 1
-    attention_global_tokens: int = 0
+    attention_pattern: AttentionPattern = "causal"
+    attention_window: Annotated[int, Field(ge=1)] | None = None
+    attention_block_size: Annotated[int, Field(ge=1)] = 64
+    attention_local_blocks: Count = 1
+    attention_global_tokens: Count = 0
     # "auto": masked attention (documents, local patterns) runs as FlexAttention on CUDA, which skips the
     # blocks the mask empties; SDPA with a dense boolean mask elsewhere. "sdpa": always the dense mask.
-    attention_kernel: str = "auto"
+    attention_kernel: AttentionKernel = "auto"
 
     # Mixture of experts. num_experts = 0 keeps every MLP dense. MoE layers are moe_layers when given,
     # else every moe_every_n_layers-th layer counting from 1 (2 -> layers 1, 3, 5, ... zero-based).
-    num_experts: int = 0
-    moe_top_k: int = 2
-    moe_every_n_layers: int = 1
-    moe_layers: tuple[int, ...] | None = None
-    moe_intermediate_size: int | None = None  # None: intermediate_size
+    num_experts: Annotated[int, Field(ge=0, le=MAX_SIZE["num_experts"])] = 0
+    moe_top_k: Annotated[int, Field(ge=1)] = 2
+    moe_every_n_layers: Annotated[int, Field(ge=1)] = 1
+    moe_layers: Annotated[tuple[StrictInt, ...], Field(strict=False)] | None = None
+    moe_intermediate_size: Annotated[int, Field(ge=1)] | None = None  # None: intermediate_size
     moe_shared_expert: bool = False  # one dense expert every token goes through, added to the routed output
-    moe_capacity_factor: float | None = 1.25  # None: unlimited (no token is ever dropped)
-    moe_eval_capacity_factor: float | None = None  # used in eval mode (and generate); None: unlimited
-    router_score: str = "softmax"
-    router_aux_loss_coef: float = 0.01  # Switch/GShard load balancing, summed over MoE layers
-    router_z_loss_coef: float = 0.001  # ST-MoE router z-loss, summed over MoE layers
+    moe_capacity_factor: Positive | None = 1.25  # None: unlimited (no token is ever dropped)
+    moe_eval_capacity_factor: Positive | None = None  # used in eval mode (and generate); None: unlimited
+    router_score: RouterScore = "softmax"
+    router_aux_loss_coef: NonNegative = 0.01  # Switch/GShard load balancing, summed over MoE layers
+    router_z_loss_coef: NonNegative = 0.001  # ST-MoE router z-loss, summed over MoE layers
     moe_fused_routing: bool = True  # use cuda_ext.moe_routing when it is built, else the PyTorch reference
 
     def __post_init__(self) -> None:
-        if self.moe_layers is not None and not isinstance(self.moe_layers, tuple):
-            # YAML and JSON give lists; keep the dataclass hashable and frozen.
-            object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
-        self._check_types()
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_key_value_heads", "intermediate_size", "max_position_embeddings"):
-            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name, most in MAX_SIZE.items():
-            _require(getattr(self, name) <= most, f"{name} must be <= {most}, got {getattr(self, name)}")
         _require(
             self.hidden_size % self.num_attention_heads == 0,
             f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -105,22 +123,6 @@ class GPTConfig:
             f"({self.num_key_value_heads})",
         )
         _require(self.head_dim % 2 == 0, f"head dimension must be even for RoPE, got {self.head_dim}")
-        _require(self.rope_theta > 0, f"rope_theta must be > 0, got {self.rope_theta}")
-        _require(self.rms_norm_eps > 0, f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        _require(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        _require(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
-        _require(
-            self.activation in ACTIVATIONS,
-            f"activation must be one of {ACTIVATIONS}, got {self.activation!r}",
-        )
-        _require(
-            self.fused_cross_entropy in FUSED_CROSS_ENTROPY,
-            f"fused_cross_entropy must be one of {FUSED_CROSS_ENTROPY}, got {self.fused_cross_entropy!r}",
-        )
-        _require(
-            self.fused_cross_entropy_chunk_size >= 1,
-            f"fused_cross_entropy_chunk_size must be >= 1, got {self.fused_cross_entropy_chunk_size}",
-        )
         self._check_attention()
         self._check_moe()
         parameters = self.num_parameters()
@@ -129,33 +131,11 @@ class GPTConfig:
             f"{parameters:.3g} parameters is more than {MAX_PARAMETERS:.0e}; check the sizes",
         )
 
-    def _check_types(self) -> None:
-        """Each field holds its declared type (YAML, JSON and --set give whatever was written), every float
-        finite: a NaN passes every comparison below as False, and some as no error at all."""
-        for item in fields(self):
-            value = getattr(self, item.name)
-            expected = _FIELD_TYPES[item.name]
-            if value is None and "None" in item.type:
-                continue
-            if item.name == "moe_layers":
-                ok = all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-            elif expected is float:
-                ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            elif expected is int:
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            else:
-                ok = isinstance(value, expected)
-            _require(ok, f"{item.name} must be {item.type.replace(' | None', ' or null')}, got {value!r}")
-
     def _check_attention(self) -> None:
         pattern = self.attention_pattern
-        _require(
-            pattern in ATTENTION_PATTERNS,
-            f"attention_pattern must be one of {ATTENTION_PATTERNS}, got {pattern!r}",
-        )
         if pattern == "sliding_window":
             _require(
-                self.attention_window is not None and self.attention_window >= 1,
+                self.attention_window is not None,
                 f"attention_pattern 'sliding_window' needs attention_window >= 1, got {self.attention_window}",
             )
         else:
@@ -163,22 +143,6 @@ class GPTConfig:
                 self.attention_window is None,
                 f"attention_window is set but attention_pattern is {pattern!r}; use 'sliding_window'",
             )
-        _require(
-            self.attention_kernel in ATTENTION_KERNELS,
-            f"attention_kernel must be one of {ATTENTION_KERNELS}, got {self.attention_kernel!r}",
-        )
-        _require(
-            self.attention_block_size >= 1,
-            f"attention_block_size must be >= 1, got {self.attention_block_size}",
-        )
-        _require(
-            self.attention_local_blocks >= 0,
-            f"attention_local_blocks must be >= 0, got {self.attention_local_blocks}",
-        )
-        _require(
-            self.attention_global_tokens >= 0,
-            f"attention_global_tokens must be >= 0, got {self.attention_global_tokens}",
-        )
         _require(
             self.attention_global_tokens == 0 or pattern != "causal",
             "attention_global_tokens needs a local attention_pattern ('sliding_window' or 'blockwise'); "
@@ -189,13 +153,9 @@ class GPTConfig:
         if self.num_experts == 0:
             _require(self.moe_layers is None, "moe_layers is set but num_experts is 0")
             return
-        _require(self.num_experts >= 1, f"num_experts must be >= 0, got {self.num_experts}")
         _require(
-            1 <= self.moe_top_k <= self.num_experts,
+            self.moe_top_k <= self.num_experts,
             f"moe_top_k must be in [1, num_experts={self.num_experts}], got {self.moe_top_k}",
-        )
-        _require(
-            self.moe_every_n_layers >= 1, f"moe_every_n_layers must be >= 1, got {self.moe_every_n_layers}"
         )
         if self.moe_layers is not None:
             bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
@@ -208,19 +168,6 @@ class GPTConfig:
             f"no MoE layer: moe_every_n_layers={self.moe_every_n_layers} exceeds "
             f"num_hidden_layers={self.num_hidden_layers}",
         )
-        _require(
-            self.moe_intermediate_size is None or self.moe_intermediate_size >= 1,
-            f"moe_intermediate_size must be >= 1, got {self.moe_intermediate_size}",
-        )
-        for name in ("moe_capacity_factor", "moe_eval_capacity_factor"):
-            value = getattr(self, name)
-            _require(value is None or value > 0, f"{name} must be > 0 or None (unlimited), got {value}")
-        _require(
-            self.router_score in ROUTER_SCORES,
-            f"router_score must be one of {ROUTER_SCORES}, got {self.router_score!r}",
-        )
-        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
-            _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def head_dim(self) -> int:
@@ -243,8 +190,13 @@ class GPTConfig:
     def with_overrides(self, **overrides) -> GPTConfig:
         unknown = sorted(set(overrides) - {f.name for f in fields(self)})
         if unknown:
-            raise ValueError(f"unknown GPTConfig field(s) {unknown}")
-        return replace(self, **overrides)
+            raise ValueError(
+                f"unknown GPTConfig field(s) {unknown}; known: {sorted(f.name for f in fields(self))}"
+            )
+        try:
+            return replace(self, **overrides)
+        except ValidationError as exc:
+            raise ValueError(field_problems(exc)) from None
 
     # Accounting. Every count below is derived from the shapes the modules in gpt.py create; the tests
     # compare them with the real parameters and with a FLOP counter.
@@ -334,18 +286,49 @@ class GPTConfig:
         return 6 * self.vocab_size * self.hidden_size
 
 
-# The plain type of each field (annotations are strings here: ``from __future__ import annotations``).
-_FIELD_TYPES = {
-    item.name: {"int": int, "float": float, "str": str, "bool": bool}.get(
-        item.type.replace(" | None", ""), tuple
-    )
-    for item in fields(GPTConfig)
-}
-
-
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+# pydantic's error types -> the type a field must hold (literal_error on a non-string: a choice must be a str)
+_TYPE_NAMES = {
+    "int": "int",
+    "float": "float",
+    "finite": "float",
+    "bool": "bool",
+    "string": "str",
+    "literal": "str",
+    "tuple": "tuple[int, ...]",
+}
+
+
+def field_problems(error: ValidationError) -> str:
+    """One line per refused GPTConfig field, each naming it: ``hidden_size must be <= 131072, got 10**9``."""
+    problems = []
+    for item in error.errors():
+        name = str(item["loc"][0]) if item["loc"] else "GPTConfig"
+        kind, context, got = item["type"], item.get("ctx") or {}, item.get("input")
+        bound = next(((op, context[key]) for key, op in _BOUNDS if key in context), None)
+        nullable = name in GPTConfig.__dataclass_fields__ and "None" in str(
+            GPTConfig.__dataclass_fields__[name].type
+        )
+        if kind == "value_error":  # a rule that spans fields (__post_init__)
+            problems.append(item["msg"].removeprefix("Value error, "))
+        elif bound is not None:
+            problems.append(f"{name} must be {bound[0]} {bound[1]}, got {got!r}")
+        elif kind == "literal_error" and isinstance(got, str):
+            problems.append(f"{name} must be one of {context.get('expected')}, got {got!r}")
+        else:
+            # an item of moe_layers (the only field with items), or the field's own type
+            type_name = "tuple[int, ...]" if len(item["loc"]) > 1 else _TYPE_NAMES.get(kind.split("_")[0])
+            if type_name is None:
+                problems.append(f"{name}: {item['msg']}")
+            else:
+                shown = f"{type_name} or null" if nullable else type_name
+                problems.append(f"{name} must be {shown}, got {got!r}")
+    return "; ".join(problems)
 
 
 _BASE = GPTConfig(
@@ -378,3 +361,29 @@ def model_config(preset: str, **overrides) -> GPTConfig:
     except KeyError:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}") from None
     return base.with_overrides(**overrides)
+
+
+class ModelSection(Section):
+    """The `model` config section: a preset name plus field overrides, checked by building the GPTConfig."""
+
+    preset: str = Field("tiny", json_schema_extra={"enum": list(sorted(PRESETS))})
+    overrides: dict[str, Any] = Field(default_factory=dict, description="fields of pipeline.model.GPTConfig")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str) -> str:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return preset
+
+    @model_validator(mode="after")
+    def _buildable(self) -> ModelSection:
+        try:
+            self.gpt()
+        except ValueError as exc:
+            raise ValueError(f"model.overrides do not give a valid {self.preset!r} model: {exc}") from None
+        return self
+
+    def gpt(self) -> GPTConfig:
+        """The model this section describes (before the trainer sets the tokenizer's vocab_size)."""
+        return model_config(self.preset, **self.overrides)

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.core.config import CHOOSES_LAUNCHER, NAMES_OUTPUT, Section
 from pipeline.core.storage import validate_run_id
 
+if TYPE_CHECKING:
+    from pipeline.data.config import DataConfig
+    from pipeline.model.config import ModelSection
+
 # Sane bounds, checked before any work: a typo such as a 23-digit step count or a 10^8-token sequence
 # otherwise runs until killed or dies allocating the RoPE tables.
 MAX_STEPS = 10**9
 MAX_SEQ_LEN = 1 << 17
+
+
+class TrainingTree(Protocol):
+    """The sections ``train``'s cross-section checks read; ``pipeline.config.PipelineConfig`` is one."""
+
+    @property
+    def model(self) -> ModelSection: ...
+
+    @property
+    def data(self) -> DataConfig: ...
 
 
 class TrainConfig(Section):
@@ -153,6 +167,9 @@ class TrainConfig(Section):
         if problem:
             raise ValueError(problem)
         return self
+
+    def tree_problem(self, tree: TrainingTree) -> str | None:
+        return pipeline_layout_problem(self, tree.model.gpt().num_hidden_layers, tree.data.batching)
 
     @property
     def pp_microbatch_count(self) -> int:

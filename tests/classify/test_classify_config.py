@@ -32,18 +32,18 @@ def config(*overrides, root=None):
         ),
         ("classify.models=[{name: Bad-Name, path: x.bin}]", "classify.models.0.name"),
         ("classify.models=[{name: a, path: x.bin, top_fraction: 1.5}]", "top_fraction"),
-        ("classifier.fasttext.dim=64", "dim must be a multiple of 10"),
-        ("classifier.fasttext.threads=2", "classifier.fasttext.threads"),
-        ("classifier.labelled=[{path: x.jsonl}]", r"labelled\[0\] needs score_field"),
-        ("classifier.positives=[{stage: dedup}]", "needs a snapshot"),
-        ("classifier.min_examples_per_class=0", "classifier.min_examples_per_class"),
-        ("classifier.min_heldout_per_class=0", "classifier.min_heldout_per_class"),
+        ("classifier_training.fasttext.dim=64", "dim must be a multiple of 10"),
+        ("classifier_training.fasttext.threads=2", "classifier_training.fasttext.threads"),
+        ("classifier_training.labelled=[{path: x.jsonl}]", r"labelled\[0\] needs score_field"),
+        ("classifier_training.positives=[{stage: dedup}]", "needs a snapshot"),
+        ("classifier_training.min_examples_per_class=0", "classifier_training.min_examples_per_class"),
+        ("classifier_training.min_heldout_per_class=0", "classifier_training.min_heldout_per_class"),
         (
-            "classifier.min_examples_per_class=200000",
+            "classifier_training.min_examples_per_class=200000",
             r"min_examples_per_class \(200000\) is above max_examples_per_class \(100000\)",
         ),
         (
-            "classifier.min_heldout_per_class=101",
+            "classifier_training.min_heldout_per_class=101",
             r"min_heldout_per_class \(101\) is above min_examples_per_class",
         ),
         ("decontaminate.min_ngram_size=20", "min_ngram_size must not exceed ngram_size"),
@@ -125,5 +125,5 @@ def test_train_classifier_without_examples_fails_with_one_line(tmp_path, capsys)
     ]
     assert run_cli(main, argv) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "error: classifier: give positives and negatives (reference text against a corpus sample), or labelled"
+        "error: classifier_training: give positives and negatives (reference text against a corpus sample), or labelled"
     )

@@ -52,10 +52,10 @@ def world(tmp_path_factory):
     )
 
     overrides = [
-        f"classifier.positives=[{{path: {reference}}}]",
-        "classifier.negatives=[{stage: junk, snapshot: pool}]",
-        "classifier.max_examples_per_class=600",
-        "classifier.fasttext.bucket=50000",  # a 20 MB model instead of DCLM's 800 MB of bigram buckets
+        f"classifier_training.positives=[{{path: {reference}}}]",
+        "classifier_training.negatives=[{stage: junk, snapshot: pool}]",
+        "classifier_training.max_examples_per_class=600",
+        "classifier_training.fasttext.bucket=50000",  # a 20 MB model instead of DCLM's 800 MB of bigram buckets
     ]
     config = make_config(root / "data", *overrides)
     # Through the stage's entrypoint, as `pretrain train_classifier` runs it: MLflow records the run.
@@ -83,8 +83,8 @@ def world(tmp_path_factory):
     pq.write_table(pa.Table.from_pylist(rows), labelled)
     embedding_config = make_config(
         root / "data",
-        f"classifier.labelled=[{{path: {labelled}, text_field: body, score_field: edu}}]",
-        "classifier.kind=embedding",
+        f"classifier_training.labelled=[{{path: {labelled}, text_field: body, score_field: edu}}]",
+        "classifier_training.kind=embedding",
     )
     embedded = training_job.run(
         embedding_config, [], DatasetRef.of(embedding_config, "train_classifier", "edu")
@@ -135,7 +135,7 @@ def test_fasttext_classifier_separates_reference_text_from_junk(world):
     examples = model["examples"]
     assert examples["per_class"] == 600
     held = examples["heldout"]["positive"] + examples["heldout"]["negative"]
-    assert 0.05 * 1200 < held < 0.15 * 1200  # classifier.heldout_fraction 0.1, by a seeded hash
+    assert 0.05 * 1200 < held < 0.15 * 1200  # classifier_training.heldout_fraction 0.1, by a seeded hash
     folder = DatasetRef.of(world["config"], "train_classifier", "wiki").path
     assert (folder / "plots" / "calibration.png").is_file()
     calibration = json.loads((folder / "metrics.json").read_text())["calibration"]

@@ -27,9 +27,9 @@ from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow
 TINY = [
-    "classifier.fasttext.dim=10",
-    "classifier.fasttext.bucket=1000",
-    "classifier.fasttext.epoch=2",
+    "classifier_training.fasttext.dim=10",
+    "classifier_training.fasttext.bucket=1000",
+    "classifier_training.fasttext.epoch=2",
     "tracking.stage_runs=false",
 ]
 # Good lines and bad ones, each bad one with the reason it is skipped.
@@ -98,14 +98,14 @@ def test_positives_with_no_usable_line_are_one_error_naming_the_file_and_line(
     code, err, output = train(
         tmp_path,
         capsys,
-        f"classifier.positives=[{{path: {positives}}}]",
-        f"classifier.negatives=[{{path: {negatives}}}]",
+        f"classifier_training.positives=[{{path: {positives}}}]",
+        f"classifier_training.negatives=[{{path: {negatives}}}]",
     )
     refused(
         code,
         err,
         output,
-        "classifier.positives[0]",
+        "classifier_training.positives[0]",
         "no usable document",
         "3 unusable",
         f"{positives}:1: 'text' is not a string",
@@ -119,10 +119,10 @@ def test_an_empty_source_is_one_error_naming_it(spark, tmp_path, capsys, texts):
     code, err, output = train(
         tmp_path,
         capsys,
-        f"classifier.positives=[{{path: {positives}}}]",
-        f"classifier.negatives=[{{path: {negatives}}}]",
+        f"classifier_training.positives=[{{path: {positives}}}]",
+        f"classifier_training.negatives=[{{path: {negatives}}}]",
     )
-    refused(code, err, output, "classifier.positives[0]", str(positives), "it holds none")
+    refused(code, err, output, "classifier_training.positives[0]", str(positives), "it holds none")
 
 
 def labelled_lines(texts, bad: list[str]) -> str:
@@ -141,16 +141,16 @@ def test_labelled_scores_that_are_strings_or_nan_are_skipped_and_counted(spark, 
     code, err, output = train(
         tmp_path,
         capsys,
-        f"classifier.labelled=[{{path: {labelled}, score_field: score}}]",
-        "classifier.min_examples_per_class=20",
-        "classifier.min_heldout_per_class=2",
-        "classifier.heldout_fraction=0.3",
+        f"classifier_training.labelled=[{{path: {labelled}, score_field: score}}]",
+        "classifier_training.min_examples_per_class=20",
+        "classifier_training.min_heldout_per_class=2",
+        "classifier_training.heldout_fraction=0.3",
     )
     assert code == 0, err[-3000:]
     manifest = output.manifest()
     skipped = {"'score' is not a number": 1, "'score' is not finite": 1}
     assert manifest.extra["sources"] == {
-        "classifier.labelled[0]": {str(labelled): {"kept": 120, "skipped": skipped}}
+        "classifier_training.labelled[0]": {str(labelled): {"kept": 120, "skipped": skipped}}
     }
     examples = manifest.counters["examples"]
     assert examples["read"] == {"kept": 120, "skipped": skipped}
@@ -164,10 +164,11 @@ def test_labelled_scores_from_parquet_are_judged_the_same_way(spark, tmp_path, t
     rows += [{"body": None, "edu": "2"}, {"body": " ", "edu": "2"}]
     pq.write_table(pa.Table.from_pylist(rows), labelled)
     config = make_config(
-        tmp_path / "data", f"classifier.labelled=[{{path: {labelled}, text_field: body, score_field: edu}}]"
+        tmp_path / "data",
+        f"classifier_training.labelled=[{{path: {labelled}, text_field: body, score_field: edu}}]",
     )
-    examples, report = training_job.read_examples(spark, config.classifier, config)
-    assert report["classifier.labelled[0]"] == {
+    examples, report = training_job.read_examples(spark, config.classifier_training, config)
+    assert report["classifier_training.labelled[0]"] == {
         str(labelled): {
             "kept": 5,
             "skipped": {
@@ -191,9 +192,9 @@ def test_a_labelled_source_whose_every_score_is_unusable_is_one_error(spark, tmp
         + "\n"
     )
     code, err, output = train(
-        tmp_path, capsys, f"classifier.labelled=[{{path: {labelled}, score_field: score}}]"
+        tmp_path, capsys, f"classifier_training.labelled=[{{path: {labelled}, score_field: score}}]"
     )
-    refused(code, err, output, "classifier.labelled[0]", f"{labelled}:1: 'score' is not a number")
+    refused(code, err, output, "classifier_training.labelled[0]", f"{labelled}:1: 'score' is not a number")
 
 
 @pytest.mark.parametrize(
@@ -201,11 +202,11 @@ def test_a_labelled_source_whose_every_score_is_unusable_is_one_error(spark, tmp
     [
         (
             [],
-            "12 usable negative examples (distinct texts), fewer than classifier.min_examples_per_class (100)",
+            "12 usable negative examples (distinct texts), fewer than classifier_training.min_examples_per_class (100)",
         ),
         (
-            ["classifier.min_examples_per_class=10"],
-            "held-out positive examples, fewer than classifier.min_heldout_per_class (10)",
+            ["classifier_training.min_examples_per_class=10"],
+            "held-out positive examples, fewer than classifier_training.min_heldout_per_class (10)",
         ),
     ],
 )
@@ -219,8 +220,8 @@ def test_twelve_negatives_are_refused_before_training(
     code, err, output = train(
         tmp_path,
         capsys,
-        f"classifier.positives=[{{path: {positives}}}]",
-        f"classifier.negatives=[{{path: {negatives}}}]",
+        f"classifier_training.positives=[{{path: {positives}}}]",
+        f"classifier_training.negatives=[{{path: {negatives}}}]",
         *overrides,
     )
     refused(code, err, output, message)
@@ -248,12 +249,12 @@ def test_kept_and_skipped_lines_add_up_to_the_input_for_random_mixes(spark, tmp_
     negatives = jsonl(tmp_path / "negatives.jsonl", texts["junk"][:20])
     config = make_config(
         tmp_path / "data",
-        f"classifier.positives=[{{path: {folder}}}]",
-        f"classifier.negatives=[{{path: {negatives}}}]",
+        f"classifier_training.positives=[{{path: {folder}}}]",
+        f"classifier_training.negatives=[{{path: {negatives}}}]",
     )
-    examples, report = training_job.read_examples(spark, config.classifier, config)
-    assert report["classifier.positives[0]"] == expected
-    assert report["classifier.negatives[0]"] == {str(negatives): {"kept": 20, "skipped": {}}}
+    examples, report = training_job.read_examples(spark, config.classifier_training, config)
+    assert report["classifier_training.positives[0]"] == expected
+    assert report["classifier_training.negatives[0]"] == {str(negatives): {"kept": 20, "skipped": {}}}
     total_kept = sum(tally["kept"] for tally in expected.values())
     assert examples.where("label = 1").count() == total_kept
 

@@ -88,6 +88,21 @@ def test_a_misspelt_key_gets_a_did_you_mean(override: str, suggestion: str):
         load_config(overrides=[override], environ={})
 
 
+def test_a_renamed_section_is_refused_naming_the_new_one(tmp_path: Path):
+    """`classifier` (training one) read as `classify` (the stage): renamed, and the old name is refused from
+    every source with the key to write instead."""
+    expected = r"classifier.positives: renamed to classifier_training.positives; set that key instead"
+    with pytest.raises(ConfigError, match=expected + r" \(from --set\)"):
+        load_config(overrides=["classifier.positives=[]"], environ={})
+    with pytest.raises(ConfigError, match=expected + r" \(from env PRETRAIN__CLASSIFIER__POSITIVES\)"):
+        load_config(environ={"PRETRAIN__CLASSIFIER__POSITIVES": "[]"})
+    old = tmp_path / "old.yaml"
+    old.write_text("classifier:\n  positives: []\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(old, environ={})
+    assert load_config(overrides=["classifier_training.min_examples_per_class=50"], environ={})
+
+
 def test_a_key_far_from_any_gets_no_guess():
     with pytest.raises(ConfigError) as error:
         load_config(overrides=["train.zzzzzz=1"], environ={})

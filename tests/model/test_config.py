@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.model import PRESETS, GPTConfig, model_config
+from pipeline.model.config import ModelSection
 from pipeline.model.gpt import GPT
-from pipeline.model.section import ModelSection
 
 
 def test_presets():

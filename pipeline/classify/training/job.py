@@ -129,7 +129,7 @@ def read_examples(
     for role, sources in roles:
         score = role == "labelled"
         for index, source in enumerate(sources):
-            key = f"classifier.{role}[{index}]"
+            key = f"classifier_training.{role}[{index}]"
             judged = read_text_source(spark, source, config, score=score)
             files = report[key] = _tally(judged, source)
             kept, skipped = _totals(files.values())
@@ -178,14 +178,14 @@ def sample_examples(
     conflicting = labels_per_text.where(F.col("labels") > 1).count()
     if set(available) != {0, 1}:
         raise StageFailure(
-            f"classifier: the examples hold only label(s) {sorted(available)} ({available}); both positives and "
+            f"classifier_training: the examples hold only label(s) {sorted(available)} ({available}); both positives and "
             "negatives are needed (check the sources, or positive_min_score for labelled examples)"
         )
     for label, name in ((1, "positive"), (0, "negative")):
         if available[label] < training.min_examples_per_class:
             raise StageFailure(
-                f"classifier: {available[label]} usable {name} examples (distinct texts), fewer than "
-                f"classifier.min_examples_per_class ({training.min_examples_per_class}); give more, or lower it"
+                f"classifier_training: {available[label]} usable {name} examples (distinct texts), fewer than "
+                f"classifier_training.min_examples_per_class ({training.min_examples_per_class}); give more, or lower it"
             )
     quota = min(
         training.max_examples_per_class,
@@ -215,9 +215,9 @@ def sample_examples(
         if heldout < training.min_heldout_per_class:
             chosen.unpersist()
             raise StageFailure(
-                f"classifier: {heldout} held-out {name} examples, fewer than classifier.min_heldout_per_class "
+                f"classifier_training: {heldout} held-out {name} examples, fewer than classifier_training.min_heldout_per_class "
                 f"({training.min_heldout_per_class}) for figures that mean something; raise "
-                f"classifier.heldout_fraction ({training.heldout_fraction}) or give more examples"
+                f"classifier_training.heldout_fraction ({training.heldout_fraction}) or give more examples"
             )
     return chosen, {
         "available": {"positive": available.get(1, 0), "negative": available.get(0, 0)},
@@ -266,7 +266,7 @@ def train_fasttext(
         )
     except RuntimeError as exc:
         raise StageFailure(
-            f"fastText training failed ({exc}); a lower classifier.fasttext.lr may help"
+            f"fastText training failed ({exc}); a lower classifier_training.fasttext.lr may help"
         ) from None
     path = folder / FASTTEXT_FILE
     model.save_model(str(path))
@@ -329,7 +329,7 @@ def source_refs(training: ClassifierTrainingConfig, config: PipelineConfig) -> l
 
 
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
-    training = config.classifier
+    training = config.classifier_training
     try:
         training.require_examples()
     except ValueError as exc:
