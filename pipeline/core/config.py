@@ -258,7 +258,7 @@ def _set_dotted(tree: dict[str, Any], schema: type[BaseModel], dotted: str, valu
 
 # Deeper than any config needs (section.key plus a free-form mapping or two), and far below the depth at
 # which PyYAML's recursive composer (or a walk of the tree) runs out of stack: a document nested a few
-# thousand levels deep used to end in a RecursionError traceback of ~3,000 lines.
+# thousand levels deep would end in a RecursionError traceback of ~3,000 lines.
 MAX_CONFIG_DEPTH = 32
 
 

@@ -34,8 +34,8 @@ def temperature(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = stage_parser("pretrain generate", __doc__)
-    # Every sampling argument is checked here, at parse time: one line and exit status 2 (a negative
-    # temperature, top_p 0 or 1.5 and top_k 0 used to end in tracebacks from inside the sampler).
+    # Every sampling argument is checked here, at parse time: one line and exit status 2, since the sampler
+    # itself fails on a negative temperature, top_p 0 or 1.5 and top_k 0 with a traceback.
     parser.add_argument(
         "--prompt", action="append", required=True, type=text, help="text to continue (repeatable)"
     )
