@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             .select("id", "text", "lang")
         )
         started, cpu = time.perf_counter(), tree_cpu_seconds()
-        scored_rows = score(docs, [model], {}).select("id", "score_wiki").collect()
+        scored_rows = score(docs, [model]).select("id", "score_wiki").collect()
         pass_seconds, pass_cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu
         out = DatasetRef.of(classify_config, "classify", SNAPSHOT).path
         spark_scores = {}
