@@ -30,11 +30,14 @@ DATES = ("2026-03-01", "2026-03-02")
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(tmp_path_factory, spark_connect):
+    """The stage tasks attach to the session's warm Spark Connect server, as a deployment's workers do with
+    ``PRETRAIN__SPARK__REMOTE`` (docs/airflow.md): a task then starts no Spark of its own."""
     home = tmp_path_factory.mktemp("airflow-server")
     data_root = home / "data"
     env = {
         "PRETRAIN__PROJECT__DATA_ROOT": str(data_root),
+        "PRETRAIN__SPARK__REMOTE": spark_connect.url,
         "PRETRAIN__SPARK__SHUFFLE_PARTITIONS": "4",
         "PRETRAIN__LOGGING__CONSOLE": "true",
     }
@@ -246,6 +249,8 @@ def test_a_snapshot_failing_the_gate_announces_no_token_shards_and_the_log_names
     threshold = f"documents {kept} < quality.gate.min_documents 1000000000"
     verdict = DatasetRef.of(config, "quality", "gate-fail").manifest().extra["gate"]
     assert verdict == {"mode": "fail", "passed": False, "failures": [threshold]}
+    quality_log = airflow.task_log("corpus_from_files", failing, "quality")
+    assert f"attached to the Spark Connect server {airflow.env['PRETRAIN__SPARK__REMOTE']}" in quality_log
     log = airflow.task_log("corpus_from_files", failing, "publish_token_shards")
     assert "quality gate failed for snapshot 'gate-fail'" in log and threshold in log, log[-3000:]
     assert token_shards_events(airflow, failing) == []
