@@ -87,6 +87,25 @@ def airflow_db() -> Path:
     return _AIRFLOW_HOME
 
 
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the run's time went, per module (setup, call and teardown together): the budget that
+    docs/development.md keeps is per module, and --durations shows single tests only."""
+    if not _MODULE_SECONDS:
+        return
+    total = sum(_MODULE_SECONDS.values())
+    terminalreporter.section(f"time per module ({total:.0f} s in tests)")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1])[:30]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:4.1f}%  {module}")
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     # Hypothesis' suggested-@example patch runs libcst, which crashes pytest itself (INTERNALERROR
