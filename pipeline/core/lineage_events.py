@@ -16,10 +16,11 @@ otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -310,7 +311,7 @@ class StageLineage:
                 },
             ),
             inputs=[input_dataset(self.data_root, manifest) for manifest in inputs],
-            outputs=[output_dataset(self.data_root, self.config.project.corpus, self.stage, output)],
+            outputs=[output_dataset(self.data_root, self.output.corpus, self.output.stage, output)],
             producer=PRODUCER,
         )
 
@@ -346,3 +347,27 @@ def stage_lineage(
     if not configured() or Lineage.from_env().dag_id is not None:
         return None
     return StageLineage(config, stage, snapshot, inputs, output)
+
+
+@contextlib.contextmanager
+def stage_run_events(
+    config: CoreConfig, stage: str, snapshot: str, inputs: list[DatasetRef], output: DatasetRef
+) -> Iterator[Callable[[Manifest], None]]:
+    """Around one command-line stage run: START, then COMPLETE with the manifest the body passes to the
+    callable this yields, or FAIL with the error the body raises. Nothing at all when ``stage_lineage``
+    gives no lineage."""
+    lineage = stage_lineage(config, stage, snapshot, inputs, output)
+    if lineage is None:
+        yield lambda manifest: None
+        return
+    published: list[Manifest] = []
+    lineage.start()
+    try:
+        yield published.append
+    except BaseException as exc:
+        lineage.fail(exc)
+        lineage.close()
+        raise
+    if published:
+        lineage.complete(published[-1])
+    lineage.close()
