@@ -33,6 +33,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Connection
 
 from operators.base import PipelineOperator
+from operators.lineage import StageLineageMixin
 from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
@@ -127,7 +128,7 @@ class LocalDefaultSparkSubmitHook(SparkSubmitHook):
             return Connection(conn_id=conn_id, conn_type="spark", host=self._default_master)
 
 
-class PipelineSparkSubmitOperator(PipelineOperator, SparkSubmitOperator):
+class PipelineSparkSubmitOperator(PipelineOperator, StageLineageMixin, SparkSubmitOperator):
     """Submit one Spark stage for one snapshot and return its output path (XCom: a path, never data)."""
 
     # input_stage: a backfill names the stored source of its snapshot (crawl or ingest) at run time.

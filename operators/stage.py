@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from operators.base import PipelineOperator
+from operators.lineage import StageLineageMixin
 from pipeline.config import PipelineConfig
 from pipeline.core.proc import run_streaming
 from pipeline.core.storage import DatasetRef
 
 
-class PipelineStageOperator(PipelineOperator):
+class PipelineStageOperator(PipelineOperator, StageLineageMixin):
     """Runs a stage entrypoint in its own process group and returns its output path (XCom: a path, never data).
 
     Each stage runs in a fresh process, so a Spark JVM or a Scrapy reactor never outlives its task,
@@ -32,6 +33,11 @@ class PipelineStageOperator(PipelineOperator):
     def output_ref(self, config: PipelineConfig) -> DatasetRef:
         """The output this task publishes, whose path it returns."""
         return DatasetRef.of(config, self.stage, self.task_snapshot)
+
+    def lineage_output(self, config: PipelineConfig, snapshot: str) -> DatasetRef:
+        if isinstance(self.snapshot, str):
+            return self.output_ref(config)  # a crawl shard's, say
+        return super().lineage_output(config, snapshot)
 
     def execute(self, context) -> str:
         config = self.resolved_config()

@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from operators.base import PipelineOperator
+from operators.lineage import StageLineageMixin
 from pipeline.config import PipelineConfig
 from pipeline.core.lineage import Lineage
 from pipeline.core.storage import DatasetRef
@@ -24,7 +25,7 @@ MOVED_TO_CONFIG = {
 SETTINGS_VARIABLE = "pretrain_kubernetes"
 
 
-class TrainOperator(PipelineOperator):
+class TrainOperator(PipelineOperator, StageLineageMixin):
     """Train one snapshot with `torchrun -m pipeline.train`, locally or as a Kubeflow job on Kubernetes, as the
     config's ``train.launcher`` says. With a frozen config (``frozen_config``, the `pretrain` DAGs') the task and
     the ranks read that file as it is: it must name the run (``train.run_id``), and nothing rewrites it.
@@ -74,6 +75,10 @@ class TrainOperator(PipelineOperator):
         self.poll_interval = poll_interval
         # (api, namespace, name) while this process watches a job
         self._job: tuple[str, str, str] | None = None
+
+    @property
+    def lineage_stage(self) -> str:
+        return "train"
 
     def execute(self, context) -> str:
         config = self.resolved_config()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig, load_config
 from pipeline.core.arguments import ArgumentParser
+from pipeline.core.lineage_events import stage_run_events
 from pipeline.core.locks import OutputLock
 from pipeline.core.logs import setup_logging
 from pipeline.core.spark import input_read_errors
@@ -149,8 +150,14 @@ def stage_main(
         # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
         from pipeline.tracking.mlflow_runs import track_stage
 
-        with track_stage(config, stage, snapshot, inputs) as tracking, input_read_errors(inputs):
+        # OpenLineage START/COMPLETE/FAIL when the client is configured (and no client otherwise).
+        with (
+            stage_run_events(config, stage, snapshot, inputs, output) as lineage,
+            track_stage(config, stage, snapshot, inputs) as tracking,
+            input_read_errors(inputs),
+        ):
             manifest = run(config, inputs, output)
             tracking.record(manifest)
+            lineage(manifest)
     print(manifest.path)
     return 0

@@ -12,6 +12,7 @@ Sharded (one process per shard, e.g. one Airflow task each):
 from __future__ import annotations
 
 from pipeline.core.cli import run_cli
+from pipeline.core.lineage_events import stage_run_events
 from pipeline.entrypoint import announce_data_root, resolve, stage_parser, start_logging
 
 
@@ -43,13 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     announce_data_root(config, stage.STAGE, snapshot)
     start_logging(config, "crawl")
     output = DatasetRef.of(config, stage.STAGE, snapshot)
-    if args.merge:
-        manifest = stage.merge_shards(config, output)
-    elif args.shard is not None:
-        ref = shard_ref(config, snapshot, args.shard)
-        manifest = stage.crawl_shard(config, ref, args.shard, config.crawl.num_shards)
-    else:
-        manifest = stage.run(config, [], output)
+    shard = None if args.shard is None else shard_ref(config, snapshot, args.shard)
+    # OpenLineage events as every stage_main stage sends them, when configured.
+    with stage_run_events(config, stage.STAGE, snapshot, [], shard or output) as lineage:
+        if args.merge:
+            manifest = stage.merge_shards(config, output)
+        elif shard is not None:
+            manifest = stage.crawl_shard(config, shard, args.shard, config.crawl.num_shards)
+        else:
+            manifest = stage.run(config, [], output)
+        lineage(manifest)
     print(manifest.path)
     return 0
 
