@@ -1,0 +1,105 @@
+"""FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 and 4 ranks train the model one process
+trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format, and the
+layouts FSDP cannot run are refused when the config loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.config import ConfigError
+from pipeline.core.storage import DatasetRef
+from pipeline.model import GPTConfig
+from pipeline.model.checkpoint import Checkpointer
+from pipeline.model.gpt import GPT
+from pipeline.train.trainer import train
+from tests.conftest import make_config
+from tests.train.support import (
+    finish,
+    losses,
+    single_process,
+    torchrun,
+    train_config,
+    unfinished_run,
+    write_config,
+    write_token_corpus,
+)
+
+SNAPSHOT = "fsdp"
+# 9 validation windows: ranks hold unequal numbers of validation batches, which FSDP's collective forward
+# must survive (the validator's lockstep); 6 steps with a checkpoint at 3 are enough to see the loss fall and
+# to resume mid-run.
+SMALL = ("train.steps=6", "train.checkpoint_every=3", "train.eval_sequences=9")
+
+
+def fsdp_run(root, ranks: int, *overrides: str, env=None, expect_success=True):
+    """``ranks`` FSDP processes with the global batch of 8 windows a step (one process's batch_size=8)."""
+    config = train_config(
+        root / "data", *SMALL, "train.data_parallel=fsdp", f"train.batch_size={8 // ranks}", *overrides
+    )
+    write_token_corpus(config, SNAPSHOT)
+    path = write_config(config, root / "config.yaml")
+    output = finish(
+        torchrun(["--standalone", f"--nproc-per-node={ranks}"], path, SNAPSHOT, env=env),
+        expect_success=expect_success,
+    )
+    return config, path, output
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """One process (no data parallelism) with the same global batch: its losses and its manifest."""
+    root = tmp_path_factory.mktemp("one")
+    config = single_process(train_config(root / "data", *SMALL, "train.batch_size=8"), root)
+    write_token_corpus(config, SNAPSHOT)
+    manifest = train(config, SNAPSHOT)
+    return losses(config, SNAPSHOT), manifest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks):
+    expected, reference = one_process
+    config, _, _ = fsdp_run(tmp_path, ranks)
+    manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
+    assert manifest.extra["world_size"] == ranks and manifest.extra["data_parallel"] == "fsdp"
+    # The same windows per step, sharded parameters and optimizer: only the float reduction order differs.
+    assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
+    assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], abs=1e-4)
+    assert expected[-1] < expected[0] - 0.5
+
+
+@pytest.mark.slow
+def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, tmp_path):
+    expected, _ = one_process
+    config, path, output = fsdp_run(
+        tmp_path, 2, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@4:rank=0:to=launcher"}, expect_success=False
+    )
+    checkpoints = Checkpointer(unfinished_run(config, SNAPSHOT) / "checkpoints")
+    assert checkpoints.steps()[-1] == 4, output[-5000:]
+    state = checkpoints.load(4)
+    # The format a DDP run writes: the whole model under its own names (it loads strictly into a plain GPT,
+    # as export reads it) and a plain AdamW's state with every tensor whole.
+    model = GPT(GPTConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    shapes = [tuple(param.shape) for param in model.parameters()]
+    numbered = state["optimizer"]["state"]
+    assert sorted(numbered) == list(range(len(shapes)))
+    assert sorted(tuple(entry["exp_avg"].shape) for entry in numbered.values()) == sorted(shapes)
+
+    finish(torchrun(["--standalone", "--nproc-per-node=2"], path, SNAPSHOT))
+    assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
+    final = DatasetRef.of(config, "train", SNAPSHOT).manifest()
+    assert final.rows["steps"] == 6
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["train.grad_compression=powersgd"], "train.grad_compression"),
+        (["train.precision=fp16"], "train.precision"),
+        (["train.pp_degree=2", "train.nproc_per_node=2"], "train.pp_degree"),
+    ],
+)
+def test_fsdp_refuses_what_it_cannot_run_when_the_config_loads(tmp_path, overrides, named):
+    with pytest.raises(ConfigError, match=named):
+        make_config(tmp_path, "train.data_parallel=fsdp", *overrides)
