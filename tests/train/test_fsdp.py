@@ -56,10 +56,28 @@ def one_process(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks):
+@pytest.mark.parametrize(
+    ("ranks", "overrides"),
+    [
+        (2, ()),
+        (4, ()),
+        # Two micro-batches of 2 (the gradient sync on the last only), blocks recomputed in backward, and
+        # parameters kept gathered from forward to backward: the same math.
+        (
+            2,
+            (
+                "train.batch_size=2",
+                "train.grad_accum=2",
+                "model.overrides={activation_checkpointing: true}",
+                "train.fsdp_reshard_after_forward=false",
+            ),
+        ),
+    ],
+    ids=["2", "4", "2-accumulate-recompute-keep-gathered"],
+)
+def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
     expected, reference = one_process
-    config, _, _ = fsdp_run(tmp_path, ranks)
+    config, _, _ = fsdp_run(tmp_path, ranks, *overrides)
     manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert manifest.extra["world_size"] == ranks and manifest.extra["data_parallel"] == "fsdp"
     # The same windows per step, sharded parameters and optimizer: only the float reduction order differs.
