@@ -72,17 +72,22 @@ def one_process(tmp_path_factory):
                 "train.fsdp_reshard_after_forward=false",
             ),
         ),
+        # bf16 gathered parameters, fp32 reduction and master weights: one process's fp32 losses within 2 %
+        # (seen: 0.9 %).
+        (2, ("train.precision=bf16",)),
     ],
-    ids=["2", "4", "2-accumulate-recompute-keep-gathered"],
+    ids=["2", "4", "2-accumulate-recompute-keep-gathered", "2-bf16"],
 )
 def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
     expected, reference = one_process
     config, _, _ = fsdp_run(tmp_path, ranks, *overrides)
     manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert manifest.extra["world_size"] == ranks and manifest.extra["data_parallel"] == "fsdp"
-    # The same windows per step, sharded parameters and optimizer: only the float reduction order differs.
-    assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
-    assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], abs=1e-4)
+    # The same windows per step, sharded parameters and optimizer: in fp32 only the float reduction order
+    # differs.
+    tolerance = {"rel": 2e-2} if "train.precision=bf16" in overrides else {"abs": 1e-4}
+    assert losses(config, SNAPSHOT) == pytest.approx(expected, **tolerance)
+    assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], **tolerance)
     assert expected[-1] < expected[0] - 0.5
 
 
