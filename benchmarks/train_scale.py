@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="alternated DDP/FSDP pairs at 2 ranks")
     parser.add_argument("--worker", nargs=3, metavar=("OUT", "CONFIG", "VARIANTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    steps = args.steps or (4 if args.quick else 12)
-    repeats = args.repeats or (3 if args.quick else 5)
+    steps = args.steps or (6 if args.quick else 12)
+    repeats = args.repeats or (4 if args.quick else 6)
     if args.worker:
         worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
         return 0

@@ -1,8 +1,10 @@
 """FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 and 4 ranks train the model one process
-trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format, and the
-layouts FSDP cannot run are refused when the config loads."""
+trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format (under
+FSDP, and in one process without it), and the layouts FSDP cannot run are refused when the config loads."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -59,7 +61,6 @@ def one_process(tmp_path_factory):
 @pytest.mark.parametrize(
     ("ranks", "overrides"),
     [
-        (2, ()),
         (4, ()),
         # Two micro-batches of 2 (the gradient sync on the last only), blocks recomputed in backward, and
         # parameters kept gathered from forward to backward: the same math.
@@ -76,7 +77,7 @@ def one_process(tmp_path_factory):
         # (seen: 0.9 %).
         (2, ("train.precision=bf16",)),
     ],
-    ids=["2", "4", "2-accumulate-recompute-keep-gathered", "2-bf16"],
+    ids=["4", "2-accumulate-recompute-keep-gathered", "2-bf16"],
 )
 def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
     expected, reference = one_process
@@ -108,6 +109,12 @@ def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, t
     numbered = state["optimizer"]["state"]
     assert sorted(numbered) == list(range(len(shapes)))
     assert sorted(tuple(entry["exp_avg"].shape) for entry in numbered.values()) == sorted(shapes)
+
+    # A copy of the stopped run resumes in one process (no FSDP): one format for both.
+    shutil.copytree(tmp_path / "data", tmp_path / "copy" / "data")
+    plain = single_process(train_config(tmp_path / "copy" / "data", *SMALL, "train.batch_size=8"), tmp_path)
+    assert train(plain, SNAPSHOT).rows["steps"] == 6
+    assert losses(plain, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
 
     finish(torchrun(["--standalone", "--nproc-per-node=2"], path, SNAPSHOT))
     assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
