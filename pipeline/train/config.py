@@ -63,7 +63,8 @@ class TrainConfig(Section):
         "ddp",
         description="ddp: the whole model, gradients and optimizer state on every rank; zero1: DDP plus "
         "ZeroRedundancyOptimizer (optimizer state sharded over ranks); fsdp: FSDP2 (fully_shard), "
-        "parameters, gradients and optimizer state sharded over ranks and gathered per block for compute",
+        "parameters, gradients and optimizer state sharded over ranks and gathered per block for compute; "
+        "with train.pp_degree above 1 each applies within a stage's data-parallel ranks",
     )
     fsdp_reshard_after_forward: bool = Field(
         True,
@@ -190,11 +191,6 @@ class TrainConfig(Section):
             return (
                 "train.precision=fp16 with train.data_parallel=fsdp: FSDP's mixed precision here is bf16 "
                 "parameters with fp32 reduction (no loss scaling); use train.precision=bf16 or fp32"
-            )
-        if self.pp_degree > 1:
-            return (
-                f"train.pp_degree={self.pp_degree} with train.data_parallel=fsdp: pipeline stages over a "
-                "pp x fsdp mesh are not built yet; use train.data_parallel=ddp or zero1 with pipeline stages"
             )
         return None
 

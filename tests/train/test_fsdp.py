@@ -1,5 +1,5 @@
-"""FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 and 4 ranks train the model one process
-trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format (under
+"""FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 and 4 ranks, and pp=2 x fsdp=2, train the
+model one process trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format (under
 FSDP, and in one process without it), and the layouts FSDP cannot run are refused when the config loads."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
 from pipeline.model import GPTConfig
-from pipeline.model.checkpoint import Checkpointer
+from pipeline.model.checkpoint import Checkpointer, whole_model_checkpoint
 from pipeline.model.gpt import GPT
 from pipeline.train.trainer import train
 from tests.conftest import make_config
@@ -76,8 +76,10 @@ def one_process(tmp_path_factory):
         # bf16 gathered parameters, fp32 reduction and master weights: one process's fp32 losses within 2 %
         # (seen: 0.9 %).
         (2, ("train.precision=bf16",)),
+        # Pipeline stages over a pp x dp_shard mesh: 2 stages, each sharded over 2 ranks (4 a micro-batch).
+        (4, ("train.pp_degree=2", "train.nproc_per_node=4", "train.batch_size=4")),
     ],
-    ids=["4", "2-accumulate-recompute-keep-gathered", "2-bf16"],
+    ids=["4", "2-accumulate-recompute-keep-gathered", "2-bf16", "pp2-x-fsdp2"],
 )
 def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
     expected, reference = one_process
@@ -89,6 +91,11 @@ def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
     tolerance = {"rel": 2e-2} if "train.precision=bf16" in overrides else {"abs": 1e-4}
     assert losses(config, SNAPSHOT) == pytest.approx(expected, **tolerance)
     assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], **tolerance)
+    # The final checkpoint (a pipeline's: one shard per pp rank, merged) is the whole model, whole tensors.
+    state = whole_model_checkpoint(
+        DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"]
+    )
+    GPT(GPTConfig(**state["model_config"])).load_state_dict(state["model"])
     assert expected[-1] < expected[0] - 0.5
 
 
@@ -127,7 +134,7 @@ def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, t
     [
         (["train.grad_compression=powersgd"], "train.grad_compression"),
         (["train.precision=fp16"], "train.precision"),
-        (["train.pp_degree=2", "train.nproc_per_node=2"], "train.pp_degree"),
+        (["train.pp_degree=2", "train.nproc_per_node=3"], "train.pp_degree"),
     ],
 )
 def test_fsdp_refuses_what_it_cannot_run_when_the_config_loads(tmp_path, overrides, named):

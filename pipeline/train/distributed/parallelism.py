@@ -276,7 +276,6 @@ class FullyShardedParallelism(DataParallelism):
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         train = config.train
         self.ctx = self.data = ctx
@@ -286,16 +285,7 @@ class FullyShardedParallelism(DataParallelism):
         self.compression = None
         self.ddp = None
         self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
-        policy = MixedPrecisionPolicy(
-            param_dtype=precision.dtype,  # None (fp32) leaves them as they are
-            reduce_dtype=torch.float32,
-        )
-        reshard = train.fsdp_reshard_after_forward
-        for block in model.blocks:
-            fully_shard(block, mesh=self.mesh, mp_policy=policy, reshard_after_forward=reshard)
-        # The root's parameters are used last in forward and first in backward: resharding them would only
-        # gather them again at once.
-        fully_shard(model, mesh=self.mesh, mp_policy=policy, reshard_after_forward=False)
+        fully_shard_model(model, self.mesh, train, precision)
         self.model = model
         self.module = model
         self.model_parts = [model]
@@ -341,6 +331,24 @@ class FullyShardedParallelism(DataParallelism):
 
     def describe(self) -> str:
         return f"fully sharded (FSDP2) over {self.ctx.world_size} ranks"
+
+
+def fully_shard_model(model: GPT, mesh: Any, train: Any, precision: MixedPrecision) -> None:
+    """``fully_shard`` every block of ``model`` (a whole model or a pipeline stage's part), then the model
+    itself, over ``mesh`` (one dimension: the ranks that shard it), torchtitan's pattern."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=precision.dtype,  # None (fp32) leaves them as they are
+        reduce_dtype=torch.float32,
+    )
+    for block in model.blocks:
+        fully_shard(
+            block, mesh=mesh, mp_policy=policy, reshard_after_forward=train.fsdp_reshard_after_forward
+        )
+    # The root's parameters are used last in forward and first in backward: resharding them would only
+    # gather them again at once.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 
 def _sharded_total_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
