@@ -310,12 +310,7 @@ class FullyShardedParallelism(DataParallelism):
         return None
 
     def named_parameters(self):
-        """Each parameter's shard on this rank (with its gradient's), under the model's names: what
-        histograms see, rank 0's shards."""
-        for name, param in self.model.named_parameters():
-            local = nn.Parameter(param.to_local(), requires_grad=False)
-            local.grad = param.grad.to_local() if param.grad is not None else None
-            yield name, local
+        return local_shards(self.model.named_parameters())
 
     def metrics(self) -> dict[str, float]:
         return {}
@@ -331,6 +326,20 @@ class FullyShardedParallelism(DataParallelism):
 
     def describe(self) -> str:
         return f"fully sharded (FSDP2) over {self.ctx.world_size} ranks"
+
+
+def local_shards(named: Iterator[tuple[str, nn.Parameter]]) -> Iterator[tuple[str, nn.Parameter]]:
+    """Each FSDP parameter's shard on this rank (with its gradient's) under its name, any other parameter as
+    it is: what histograms see (rank 0's shards; a DTensor has no numpy view)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in named:
+        if not isinstance(param, DTensor):
+            yield name, param
+            continue
+        local = nn.Parameter(param.to_local(), requires_grad=False)
+        local.grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        yield name, local
 
 
 def fully_shard_model(model: GPT, mesh: Any, train: Any, precision: MixedPrecision) -> None:

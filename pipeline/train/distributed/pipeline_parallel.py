@@ -65,6 +65,7 @@ from pipeline.train.distributed.parallelism import (
     Parallelism,
     StepLoss,
     fully_shard_model,
+    local_shards,
     placeholder_batch,
 )
 from pipeline.train.distributed.process_groups import DistributedContext, data_parallel
@@ -474,7 +475,7 @@ class PipelineParallelism(Parallelism):
     def named_parameters(self):
         """The rank's parameters under the unsplit model's names."""
         for part, first in zip(self.models, self.first_layers, strict=True):
-            for name, parameter in part.named_parameters():
+            for name, parameter in local_shards(part.named_parameters()):
                 yield full_name(name, first), parameter
 
     def layout(self) -> dict[str, Any]:
