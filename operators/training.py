@@ -119,6 +119,14 @@ TRAINING_FORM: tuple[FormField, ...] = (
         "torchrun processes per node, usually one per GPU.",
     ),
     FormField(
+        "data_parallel",
+        "Data parallelism",
+        "Parallelism",
+        "train.data_parallel",
+        "ddp: the whole model on every rank; zero1: optimizer state sharded; fsdp: parameters, gradients and "
+        "optimizer state sharded (FSDP2), for models whose training state does not fit one device.",
+    ),
+    FormField(
         "pp_degree",
         "Pipeline-parallel degree",
         "Parallelism",

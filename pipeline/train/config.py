@@ -59,8 +59,18 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="bf16: autocast; fp16: autocast + dynamic loss scaling (GradScaler)"
     )
-    data_parallel: Literal["ddp", "zero1"] = Field(
-        "ddp", description="zero1: DDP plus ZeroRedundancyOptimizer (optimizer state sharded over ranks)"
+    data_parallel: Literal["ddp", "zero1", "fsdp"] = Field(
+        "ddp",
+        description="ddp: the whole model, gradients and optimizer state on every rank; zero1: DDP plus "
+        "ZeroRedundancyOptimizer (optimizer state sharded over ranks); fsdp: FSDP2 (fully_shard), "
+        "parameters, gradients and optimizer state sharded over ranks and gathered per block for compute; "
+        "with train.pp_degree above 1 each applies within a stage's data-parallel ranks",
+    )
+    fsdp_reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free each block's gathered parameters after its forward and gather them again for "
+        "backward (least memory); false keeps them gathered from forward to backward (one all-gather "
+        "fewer per block per micro-batch, a whole unsharded model's memory at the peak)",
     )
     grad_compression: Literal["none", "fp16", "bf16", "powersgd", "int8"] = Field(
         "none", description="DDP communication hook for the gradient all-reduce"
@@ -163,10 +173,26 @@ class TrainConfig(Section):
             raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
         if self.min_nnodes is not None and self.min_nnodes > self.nnodes:
             raise ValueError(f"min_nnodes ({self.min_nnodes}) must not exceed nnodes ({self.nnodes})")
-        problem = self.pipeline_problem()
+        problem = self.fsdp_problem() or self.pipeline_problem()
         if problem:
             raise ValueError(problem)
         return self
+
+    def fsdp_problem(self) -> str | None:
+        """What FSDP cannot be combined with (naming the key), or None."""
+        if self.data_parallel != "fsdp":
+            return None
+        if self.grad_compression != "none":
+            return (
+                f"train.grad_compression={self.grad_compression} is a DDP communication hook; "
+                "train.data_parallel=fsdp reduce-scatters gradients without one: set train.grad_compression=none"
+            )
+        if self.precision == "fp16":
+            return (
+                "train.precision=fp16 with train.data_parallel=fsdp: FSDP's mixed precision here is bf16 "
+                "parameters with fp32 reduction (no loss scaling); use train.precision=bf16 or fp32"
+            )
+        return None
 
     def tree_problem(self, tree: TrainingTree) -> str | None:
         return pipeline_layout_problem(self, tree.model.gpt().num_hidden_layers, tree.data.batching)

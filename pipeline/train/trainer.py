@@ -63,8 +63,13 @@ from pipeline.train.components.metrics import (
     peak_flops_per_device,
     router_metrics,
 )
-from pipeline.train.components.optimizer import OptimizerState, build_optimizer
-from pipeline.train.distributed.parallelism import DataParallelism, Parallelism, StepLoss
+from pipeline.train.components.optimizer import build_optimizer
+from pipeline.train.distributed.parallelism import (
+    DataParallelism,
+    FullyShardedParallelism,
+    Parallelism,
+    StepLoss,
+)
 from pipeline.train.distributed.process_groups import DistributedContext, init_distributed
 from pipeline.train.host_memory import keep_freed_host_memory
 from pipeline.train.launcher.failures import EXIT_STOPPED, TrainingStopped
@@ -253,6 +258,7 @@ class Trainer(Stateful):
                 world_size=data.world_size,
                 device=self.device,
                 document_masking=train.document_masking,
+                lockstep=self.parallelism.lockstep_forward,
             )
             for source in self.mixture.sources
         }
@@ -307,7 +313,7 @@ class Trainer(Stateful):
             parallelism.checkpoint_folder(self.output.path / "checkpoints"),
             states={
                 "model": parallelism.model_state(),
-                "optimizer": OptimizerState(self.optimizer, data.rank),
+                "optimizer": parallelism.optimizer_state(self.optimizer),
                 "lr_scheduler": self.scheduler,
                 "precision": self.precision,
                 "dataloader": self.loader,
@@ -644,14 +650,16 @@ def build_parallelism(
     config: PipelineConfig, model_config: GPTConfig, ctx: DistributedContext, precision: MixedPrecision
 ) -> Parallelism:
     """The model, built from the same seed on every rank, and the parallelism that splits and runs it: a
-    pipeline when ``train.pp_degree`` > 1 (cut from the very weights one process would train), else data
-    parallelism (one process, DDP or ZeRO-1)."""
+    pipeline when ``train.pp_degree`` > 1 (cut from the very weights one process would train), FSDP2 when
+    ``train.data_parallel`` is fsdp, else data parallelism (one process, DDP or ZeRO-1)."""
     seed_everything(config.project.seed)  # the same initial weights on every rank
     model = GPT(model_config).to(ctx.device)
     if config.train.pp_degree > 1:
         from pipeline.train.distributed.pipeline_parallel import PipelineParallelism
 
         return PipelineParallelism(model, ctx, config, precision)
+    if config.train.data_parallel == "fsdp":
+        return FullyShardedParallelism(model, ctx, config, precision)
     return DataParallelism(model, ctx, config, precision)
 
 

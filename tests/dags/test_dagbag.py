@@ -132,6 +132,7 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
         "processes_per_node",
         "launcher",
         "precision",
+        "data_parallel",
         "pp_degree",
         "pp_microbatches",
         "pp_schedule",

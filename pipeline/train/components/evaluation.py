@@ -36,7 +36,10 @@ class Validator:
         world_size: int,
         device: torch.device,
         document_masking: bool,
+        lockstep: bool = False,
     ) -> None:
+        """``lockstep``: every rank runs as many forwards as the rank with the most windows (FSDP's forward
+        gathers parameters, a collective), the extra ones on a throw-away batch whose loss is not counted."""
         self.batch_size = batch_size
         self.device = device
         self.document_masking = document_masking
@@ -48,6 +51,8 @@ class Validator:
             return
         total = min(len(self.dataset), sequences)
         self.indices = list(range(rank, total, world_size))
+        most = -(-total // world_size)  # the first rank's windows, the most any rank has
+        self.filler_batches = -(-most // batch_size) - -(-len(self.indices) // batch_size) if lockstep else 0
 
     @property
     def available(self) -> bool:
@@ -79,6 +84,9 @@ class Validator:
             count = rows[:, 1:].numel()
             totals[0] += loss.double() * count
             totals[1] += count
+        for _ in range(self.filler_batches):
+            rows = torch.from_numpy(self.dataset[0][None]).to(self.device)
+            lm_loss(rows[:, :-1], rows[:, 1:], None)
         all_reduce_sum(totals)
         loss_sum, count = totals.tolist()
         return loss_sum / count if count else None

@@ -9,8 +9,8 @@ whatever the parallelism:
 
     optimizer.zero_grad(); loss = parallelism.forward_backward(batches); parallelism.clip_and_step(...)
 
-Two kinds exist: ``DataParallelism`` (one process, or DDP / ZeRO-1 over every rank, with optional gradient
-compression and ``torch.compile``), here, and ``PipelineParallelism`` (stages over a pp x dp mesh,
+Three kinds exist: ``DataParallelism`` (one process, or DDP / ZeRO-1 over every rank, with optional gradient
+compression and ``torch.compile``) and ``FullyShardedParallelism`` (FSDP2 over every rank), here, and ``PipelineParallelism`` (stages over a pp x dp mesh,
 ``pipeline.train.distributed.pipeline_parallel``). ``pipeline.train.trainer.build_parallelism`` picks one from the config.
 """
 
@@ -33,6 +33,7 @@ from pipeline.config import PipelineConfig
 from pipeline.data.sequences import IGNORE_INDEX, Batch
 from pipeline.model.gpt import GPT
 from pipeline.train.components.amp import MixedPrecision
+from pipeline.train.components.optimizer import OptimizerState
 from pipeline.train.distributed.compression import CompressionState, GradientCompression, build_compression
 from pipeline.train.distributed.process_groups import DistributedContext, data_parallel, settle_buckets
 
@@ -73,6 +74,9 @@ class Parallelism(ABC):
     precision: MixedPrecision
     module: nn.Module
     model_parts: list[GPT]
+    lockstep_forward: bool = False
+    """Whether every forward is collective (FSDP gathers parameters in it), so every rank must run as many
+    validation forwards as the others."""
 
     # --- one step -------------------------------------------------------------------------------------
 
@@ -131,6 +135,10 @@ class Parallelism(ABC):
     @abstractmethod
     def model_state(self) -> Stateful:
         """The checkpoint part ``model``: this rank's parameters under the unsplit model's names."""
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Stateful:
+        """The checkpoint part ``optimizer``: the whole optimizer's state, as a plain AdamW's."""
+        return OptimizerState(optimizer, self.data.rank)
 
     def rank_states(self) -> dict[str, Stateful]:
         """Parts each rank checkpoints for itself besides its RNG streams."""
@@ -197,7 +205,7 @@ class DataParallelism(Parallelism):
             batch = batch.to(ctx.device, non_blocking=True)
             last = index == len(batches) - 1
             # Reduce gradients once per step, on the last micro-batch.
-            with contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync():
+            with self.gradient_sync(last):
                 with self.precision.autocast():
                     out = self.forward_model(
                         batch.inputs, batch.targets, batch.document_ids if self.document_masking else None
@@ -212,6 +220,10 @@ class DataParallelism(Parallelism):
             row_loss, row_tokens, row_sources = zip(*rows, strict=True)
             stacked = (torch.cat(row_loss), torch.cat(row_tokens), torch.cat(row_sources))
         return StepLoss(loss_sum, step_tokens, stacked)
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """The context of one micro-batch's backward: DDP reduces only on the last one."""
+        return contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
 
     @torch.no_grad()
     def validation_loss(self, inputs, targets, document_ids=None):
@@ -243,6 +255,184 @@ class DataParallelism(Parallelism):
         if self.ddp is None:
             return "one process"
         return f"data parallel over {self.ctx.world_size} ranks"
+
+
+class FullyShardedParallelism(DataParallelism):
+    """FSDP2 (``train.data_parallel`` fsdp): every transformer block, then the root (embedding, final norm and
+    head, tied or not), is ``fully_shard``-ed over a one-dimensional ``DeviceMesh`` of every rank, torchtitan's
+    pattern. Each rank holds 1/world of every parameter, gradient and optimizer state (the optimizer steps
+    the DTensor shards); a block's parameters are all-gathered just before its forward and backward and its
+    gradients reduce-scattered (averaged, in fp32) after its backward, once per step on the last micro-batch.
+
+    ``train.precision`` bf16 gathers the parameters as bf16 for compute (``MixedPrecisionPolicy``) while the
+    sharded master weights, the gradient reduction and the optimizer stay fp32; autocast stays on too, so the
+    ops it keeps in fp32 (softmax, the loss) still are. Checkpoints hold the whole model and a plain AdamW's
+    optimizer state, gathered to rank 0 (``torch.distributed.checkpoint.state_dict``'s full state dicts), so
+    they are the files a DDP run writes: export reads them, and either kind resumes from either."""
+
+    lockstep_forward = True
+
+    def __init__(
+        self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
+    ) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        train = config.train
+        self.ctx = self.data = ctx
+        self.precision = precision
+        self.packed = config.data.batching == "packed"
+        self.document_masking = train.document_masking
+        self.compression = None
+        self.ddp = None
+        self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
+        fully_shard_model(model, self.mesh, train, precision)
+        self.model = model
+        self.module = model
+        self.model_parts = [model]
+        self.parallel_model = model
+        self.forward_model = torch.compile(model) if train.compile else model
+
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        # Micro-batches before the last accumulate unsharded gradients; the last one reduce-scatters.
+        self.model.set_requires_gradient_sync(last)  # type: ignore[operator]  # FSDPModule's, added by fully_shard
+        return contextlib.nullcontext()
+
+    def step_options(self) -> dict[str, Any]:
+        return {"total_norm": _sharded_total_norm}
+
+    @torch.no_grad()
+    def validation_loss(self, inputs, targets, document_ids=None):
+        with eval_mode(self.model_parts), self.precision.autocast():
+            return self.model(inputs, targets, document_ids).lm_loss.float()
+
+    @property
+    def whole_model(self) -> None:  # type: ignore[override]  # each rank holds a shard: no samples
+        return None
+
+    def named_parameters(self):
+        return local_shards(self.model.named_parameters())
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def model_state(self) -> Stateful:
+        return FullModelState(self.model)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Stateful:
+        return FullOptimizerState(self.model, optimizer, self.ctx.rank)
+
+    def rank_states(self) -> dict[str, Stateful]:
+        return {}
+
+    def describe(self) -> str:
+        return f"fully sharded (FSDP2) over {self.ctx.world_size} ranks"
+
+
+def local_shards(named: Iterator[tuple[str, nn.Parameter]]) -> Iterator[tuple[str, nn.Parameter]]:
+    """Each FSDP parameter's shard on this rank (with its gradient's) under its name, any other parameter as
+    it is: what histograms see (rank 0's shards; a DTensor has no numpy view)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in named:
+        if not isinstance(param, DTensor):
+            yield name, param
+            continue
+        local = nn.Parameter(param.to_local(), requires_grad=False)
+        local.grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+        yield name, local
+
+
+def fully_shard_model(model: GPT, mesh: Any, train: Any, precision: MixedPrecision) -> None:
+    """``fully_shard`` every block of ``model`` (a whole model or a pipeline stage's part), then the model
+    itself, over ``mesh`` (one dimension: the ranks that shard it), torchtitan's pattern."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=precision.dtype,  # None (fp32) leaves them as they are
+        reduce_dtype=torch.float32,
+    )
+    for block in model.blocks:
+        fully_shard(
+            block, mesh=mesh, mp_policy=policy, reshard_after_forward=train.fsdp_reshard_after_forward
+        )
+    # The root's parameters are used last in forward and first in backward: resharding them would only
+    # gather them again at once.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+def _sharded_total_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
+    """The whole model's gradient norm from DTensor gradient shards: each rank's partial norm, reduced over
+    the mesh (``full_tensor``), so clipping scales every shard by the same factor one process would."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class FullModelState(Stateful):
+    """An FSDP model as the checkpoint part ``model``: the whole model's state dict under its usual names on
+    rank 0 (empty elsewhere; collective), loaded on every rank from the whole state dict."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+
+
+class FullOptimizerState(Stateful):
+    """An optimizer over FSDP's shards as the checkpoint part ``optimizer``: on rank 0 the whole state in a
+    plain optimizer's layout (parameters numbered in group order, as ``Optimizer.state_dict`` numbers them;
+    ``torch.distributed.checkpoint.state_dict`` keys them by name), so DDP and FSDP checkpoints are one
+    format; collective. Loading renames the numbers back and gives each rank its shard."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.rank = rank
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        by_name: Any = get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank != 0:
+            return {}
+        number: dict[str, int] = {}
+        groups = []
+        for group in by_name["param_groups"]:
+            numbers = [number.setdefault(name, len(number)) for name in group["params"]]
+            groups.append({**group, "params": numbers})
+        return {
+            "state": {number[name]: value for name, value in by_name["state"].items()},
+            "param_groups": groups,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = {id(param): name for name, param in self.model.named_parameters()}
+        ordered = [names[id(param)] for group in self.optimizer.param_groups for param in group["params"]]
+        by_name: Any = {
+            "state": {ordered[int(number)]: value for number, value in state["state"].items()},
+            "param_groups": [
+                {**group, "params": [ordered[int(number)] for number in group["params"]]}
+                for group in state["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(
+            self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+        )
 
 
 @torch.no_grad()

@@ -53,6 +53,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pipeline.config import PipelineConfig
 from pipeline.data.sequences import IGNORE_INDEX, Batch
@@ -60,7 +61,13 @@ from pipeline.model.checkpoint import shard_folder
 from pipeline.model.config import GPTConfig
 from pipeline.model.gpt import GPT, training_loss
 from pipeline.train.components.amp import MixedPrecision
-from pipeline.train.distributed.parallelism import Parallelism, StepLoss, placeholder_batch
+from pipeline.train.distributed.parallelism import (
+    Parallelism,
+    StepLoss,
+    fully_shard_model,
+    local_shards,
+    placeholder_batch,
+)
 from pipeline.train.distributed.process_groups import DistributedContext, data_parallel
 
 log = logging.getLogger(__name__)
@@ -257,8 +264,18 @@ class PipelineParallelism(Parallelism):
                 "applies to the validation loss only",
                 model.config.fused_cross_entropy,
             )
+        self.fsdp = train.data_parallel == "fsdp"
+        self.lockstep_forward = self.fsdp
+        if self.fsdp:
+            # Each part is an FSDP root over the "dp" dimension (pp x dp_shard), so the validation forward
+            # (which calls the part itself) gathers its parameters too; every micro-batch's backward then
+            # reduce-scatters, accumulating into the sharded gradients.
+            for part in self.models:
+                fully_shard_model(part, self.mesh["dp"], train, precision)
         self.modules = [
-            data_parallel(
+            ModelPartForward(part, precision.autocast, self.carries_router_losses)
+            if self.fsdp
+            else data_parallel(
                 ModelPartForward(part, precision.autocast, self.carries_router_losses), self.dp, train
             )
             for part in self.models
@@ -332,7 +349,9 @@ class PipelineParallelism(Parallelism):
         """Sum the embedding's and the head's gradients, so the two copies take the same step."""
         if self._tied is not None:
             group, weight, _ = self._tied
-            dist.all_reduce(weight.grad, group=group)
+            # Under FSDP both copies are sharded alike over the same dp ranks: sum the matching shards.
+            grad = weight.grad.to_local() if isinstance(weight.grad, DTensor) else weight.grad
+            dist.all_reduce(grad, group=group)
 
     def step_options(self) -> dict[str, Any]:
         return {"total_norm": self.total_norm, "agree_found_inf": self.agree_found_inf}
@@ -342,6 +361,8 @@ class PipelineParallelism(Parallelism):
         skipped = self._tied[1] if self._tied is not None and self._tied[2] else None
         grads = [p.grad for p in parameters if p is not skipped and p.grad is not None]
         local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.ctx.device)
+        if isinstance(local, DTensor):  # FSDP: this stage's norm over its dp shards
+            local = local.full_tensor()
         return self.pp.all_reduce(local.square()).sqrt()
 
     def agree_found_inf(self, found_inf: torch.Tensor) -> None:
@@ -352,7 +373,7 @@ class PipelineParallelism(Parallelism):
         own (no pipeline), RNG forked, gradients dropped. DDP lays its buckets out again after its first
         backward; left to the first step, GPipe's run of backwards without a forward between them records
         the gradient order m times over and DDP's rebuild fails."""
-        if self.dp.world_size == 1:
+        if self.dp.world_size == 1 or self.fsdp:
             return
         rows = placeholder.inputs.size(0) // self.microbatches
         tokens = placeholder.inputs[:rows]
@@ -454,7 +475,7 @@ class PipelineParallelism(Parallelism):
     def named_parameters(self):
         """The rank's parameters under the unsplit model's names."""
         for part, first in zip(self.models, self.first_layers, strict=True):
-            for name, parameter in part.named_parameters():
+            for name, parameter in local_shards(part.named_parameters()):
                 yield full_name(name, first), parameter
 
     def layout(self) -> dict[str, Any]:
@@ -476,6 +497,11 @@ class PipelineParallelism(Parallelism):
     def model_state(self) -> Stateful:
         return PipelineModelState(self)
 
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Stateful:
+        if not self.fsdp:
+            return super().optimizer_state(optimizer)
+        return WholeTensorsOptimizerState(optimizer, self.dp.rank)
+
     def checkpoint_metadata(self) -> dict[str, Any]:
         return {"pipeline": {**self.layout(), "stages": self.stage_indices}}
 
@@ -496,11 +522,63 @@ class PipelineModelState(Stateful):
         self.pipeline = pipeline
 
     def state_dict(self) -> dict[str, Any]:
+        """Collective over the dp group under FSDP (each sharded tensor gathered whole)."""
         state = {}
         for part, first in zip(self.pipeline.models, self.pipeline.first_layers, strict=True):
-            state.update({full_name(name, first): tensor for name, tensor in part.state_dict().items()})
+            state.update(
+                {full_name(name, first): whole(tensor) for name, tensor in part.state_dict().items()}
+            )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for part, first in zip(self.pipeline.models, self.pipeline.first_layers, strict=True):
-            part.load_state_dict({name: state[full_name(name, first)] for name in part.state_dict()})
+            if not self.pipeline.fsdp:
+                part.load_state_dict({name: state[full_name(name, first)] for name in part.state_dict()})
+                continue
+            with torch.no_grad():
+                for name, tensor in part.state_dict().items():
+                    tensor.copy_(like(state[full_name(name, first)], tensor))
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (collective over its mesh); any other tensor as it is."""
+    return tensor.full_tensor().cpu() if isinstance(tensor, DTensor) else tensor
+
+
+def like(value: torch.Tensor, template: torch.Tensor) -> torch.Tensor:
+    """``value`` (a whole tensor) laid out as ``template``: this rank's shard of it for a DTensor, cut
+    locally (every rank holds the whole value)."""
+    if not isinstance(template, DTensor):
+        return value.to(template.device)
+    return distribute_tensor(
+        value.to(template.device), template.device_mesh, template.placements, src_data_rank=None
+    )
+
+
+class WholeTensorsOptimizerState(Stateful):
+    """An optimizer over FSDP shards as the checkpoint part ``optimizer``, in a plain optimizer's layout:
+    every sharded state tensor gathered whole (collective over the dp group), kept on dp rank 0; on load each
+    rank cuts its shard of each whole tensor, laid out as its parameter."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, rank: int) -> None:
+        self.optimizer = optimizer
+        self.rank = rank
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.optimizer.state_dict()
+        gathered = {
+            number: {key: whole(value) if torch.is_tensor(value) else value for key, value in entry.items()}
+            for number, entry in state["state"].items()
+        }
+        return {"state": gathered, "param_groups": state["param_groups"]} if self.rank == 0 else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        parameters = [param for group in self.optimizer.param_groups for param in group["params"]]
+        sharded = {}
+        for number, entry in state["state"].items():
+            param = parameters[int(number)]
+            sharded[number] = {
+                key: like(value, param) if torch.is_tensor(value) and value.shape == param.shape else value
+                for key, value in entry.items()
+            }
+        self.optimizer.load_state_dict({"state": sharded, "param_groups": state["param_groups"]})

@@ -1,0 +1,254 @@
+"""Training at scale on CPU (issue 45): what FSDP2 saves per rank, and what it costs against DDP.
+
+    .venv/bin/python benchmarks/train_scale.py --quick     # within 3 minutes on 2 cores
+    .venv/bin/python benchmarks/train_scale.py             # more steps and repeats, a wider model
+
+A 4-layer model (preset tiny, wider) on Zipf token shards (``train_cpu.write_shards``), trained by the real
+trainer (``pipeline.train.trainer.Trainer``, one ``train_step()`` at a time) under torchrun on gloo, one thread
+per rank. One function per figure:
+
+- ``fsdp_memory``: parameter + gradient + optimizer-state bytes held by each rank after a step, counted from
+  the tensors' storages (each storage once: DDP's gradients are views into its buckets, a tied matrix is one
+  tensor; an FSDP DTensor counts its local shard's storage, padding included), at one process, DDP and FSDP
+  on 2 and 4 ranks. ``fsdp_memory_per_rank_ratio`` = FSDP at 4 ranks per rank / (one process / 4); the goal is
+  at most 1.1.
+- ``fsdp_throughput``: tokens/s of FSDP against DDP at 2 ranks, the two alternated ``--repeats`` times in one
+  process group (ABBA order) so drifts of a busy machine fall on both; ``fsdp_tokens_per_s_ratio_vs_ddp`` is the median
+  of the per-repeat ratios, with their min and max as the spread.
+
+The last line printed is one JSON object.
+"""
+
+# Run as a script, this folder is sys.path[0]: the repository root replaces it.
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath(e or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from benchmarks.train_cpu import write_shards  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+
+SNAPSHOT = "bench-scale"
+GUARD_S = 600  # a hang kills the run instead of blocking
+KINDS = {"ddp": ["train.data_parallel=ddp"], "fsdp": ["train.data_parallel=fsdp"]}
+
+
+def held_bytes(trainer) -> dict[str, int]:
+    """This rank's parameter, gradient and optimizer-state bytes, each storage counted once."""
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+
+    def storage(tensors) -> int:
+        total = 0
+        for tensor in tensors:
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            untyped = local.untyped_storage()
+            if untyped.data_ptr() not in seen and untyped.nbytes():
+                seen.add(untyped.data_ptr())
+                total += untyped.nbytes()
+        return total
+
+    parameters = list(trainer.parallelism.module.parameters())
+    state = [v for entry in trainer.optimizer.state.values() for v in entry.values() if torch.is_tensor(v)]
+    return {
+        "parameters": storage(parameters),
+        "gradients": storage(p.grad for p in parameters if p.grad is not None),
+        "optimizer": storage(state),
+    }
+
+
+def measure(config, steps: int) -> dict:
+    """Warm up, then time ``steps`` training steps of one Trainer (every rank calls it); the bytes each rank
+    holds after the last step (gradients still there)."""
+    from pipeline.train.trainer import Trainer
+
+    trainer = Trainer(config, SNAPSHOT)
+    for _ in range(2):
+        trainer.train_step()
+    trainer.ctx.barrier()
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step()
+    trainer.ctx.barrier()
+    elapsed = time.perf_counter() - started
+    held = trainer.ctx.gather_objects(held_bytes(trainer))
+    trainer.metrics.close("FINISHED")
+    return {
+        "tokens_per_s": round(steps * trainer.last_step.tokens / elapsed, 1),
+        "bytes_per_rank": [sum(row.values()) for row in held or []],
+        "bytes_by_kind_rank0": (held or [{}])[0],
+    }
+
+
+def worker(out: Path, config_path: Path, variants: list[list], steps: int) -> None:
+    """One process of a launch: each (name, overrides) variant a Trainer of its own, in order."""
+    import torch.distributed as dist
+
+    results = []
+    for index, (name, overrides) in enumerate(variants):
+        run = f"{name}-{index}"
+        config = load_config(config_path, [*overrides, f"train.run_id={run}", "train.resume=false"])
+        results.append([name, measure(config, steps)])
+    if int(os.environ.get("RANK", "0")) == 0:
+        out.write_text(json.dumps(results))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch(root: Path, name: str, processes: int, config_path: Path, variants: list, steps: int) -> list:
+    """``variants`` ([name, overrides] pairs) in one launch of ``processes`` ranks; their results in order."""
+    out = root / f"{name}.json"
+    script = [os.path.abspath(__file__), "--worker", str(out), str(config_path), json.dumps(variants)]
+    command = [sys.executable, *script]
+    if processes > 1:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={processes}",
+        ]
+        command += script
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.dirname(_HERE)}
+    subprocess.run(
+        [*command, "--steps", str(steps)],
+        check=True,
+        env=env,
+        timeout=GUARD_S,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return json.loads(out.read_text())
+
+
+def fsdp_memory(single: dict, at_2: dict[str, dict], at_4: dict[str, dict]) -> dict:
+    """Bytes per rank (the largest rank's) at one process and at DDP / FSDP on 2 and 4 ranks."""
+    one = single["bytes_per_rank"][0]
+    per_rank = {"1": one}
+    for ranks, rows in (("2", at_2), ("4", at_4)):
+        for kind, row in rows.items():
+            per_rank[f"{kind}{ranks}"] = max(row["bytes_per_rank"])
+    return {
+        "bytes_per_rank": per_rank,
+        "bytes_by_kind_rank0": {
+            "1": single["bytes_by_kind_rank0"],
+            **{f"{kind}4": row["bytes_by_kind_rank0"] for kind, row in at_4.items()},
+        },
+        "fsdp_memory_per_rank_ratio": round(per_rank["fsdp4"] / (one / 4), 3),
+        "fsdp2_memory_per_rank_ratio": round(per_rank["fsdp2"] / (one / 2), 3),
+    }
+
+
+def fsdp_throughput(rows: list) -> dict:
+    """FSDP's tokens/s over DDP's at 2 ranks, per alternated repeat: median and spread."""
+    ddp = [row["tokens_per_s"] for name, row in rows if name == "ddp"]
+    fsdp = [row["tokens_per_s"] for name, row in rows if name == "fsdp"]
+    ratios = [f / d for f, d in zip(fsdp, ddp, strict=True)]
+    return {
+        "fsdp_tokens_per_s_ratio_vs_ddp": round(statistics.median(ratios), 3),
+        "fsdp_tokens_per_s_ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+        "tokens_per_s_ddp2": ddp,
+        "tokens_per_s_fsdp2": fsdp,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer steps (within 3 minutes on 2 cores)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
+    parser.add_argument("--repeats", type=int, default=None, help="alternated DDP/FSDP pairs at 2 ranks")
+    parser.add_argument("--worker", nargs=3, metavar=("OUT", "CONFIG", "VARIANTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    steps = args.steps or (6 if args.quick else 12)
+    repeats = args.repeats or (4 if args.quick else 6)
+    if args.worker:
+        worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
+        return 0
+
+    hidden = 128 if args.quick else 256
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as folder:
+        root = Path(folder)
+        common = [
+            f"project.data_root={root / 'data'}",
+            "logging.console=false",
+            "tracking.stage_runs=false",
+            "tracking.tensorboard=false",
+            "tracking.sample_tokens=0",
+            f"model.overrides={{num_hidden_layers: 4, hidden_size: {hidden}, "
+            f"intermediate_size: {hidden * 11 // 4}}}",
+            "train.batch_size=8",
+            "train.seq_len=64",
+            "train.steps=1000",
+            "train.checkpoint_every=1000",
+            "train.histogram_every=0",
+            "train.document_masking=false",
+            "train.threads_per_rank=1",
+        ]
+        config = load_config(None, common, environ={})
+        write_shards(config, tokens=300_000, snapshot=SNAPSHOT)
+        single_config = root / "single.yaml"
+        single_config.write_text(
+            load_config(
+                None,
+                [
+                    *common,
+                    f"distributed.init_method=file://{root / 'pg-single'}",
+                    "distributed.rank=0",
+                    "distributed.world_size=1",
+                ],
+                environ={},
+            ).to_yaml()
+        )
+        ranked_config = root / "ranked.yaml"
+        ranked_config.write_text(config.to_yaml())
+
+        started = time.perf_counter()
+        ((_, single),) = launch(root, "single", 1, single_config, [["single", []]], steps)
+        # ABBA order: the first repeats of a process run slower (caches, allocator), on both kinds alike.
+        order = [list(KINDS) if index % 2 == 0 else list(KINDS)[::-1] for index in range(repeats)]
+        alternated = [[kind, KINDS[kind]] for kinds in order for kind in kinds]
+        at_2_rows = launch(root, "two", 2, ranked_config, alternated, steps)
+        at_4_rows = launch(root, "four", 4, ranked_config, [[kind, KINDS[kind]] for kind in KINDS], steps)
+        wall_s = time.perf_counter() - started
+
+    at_2 = {name: row for name, row in at_2_rows}  # the last repeat of each
+    at_4 = {name: row for name, row in at_4_rows}
+    memory = fsdp_memory(single, at_2, at_4)
+    throughput = fsdp_throughput(at_2_rows)
+    print(f"{'layout':<8}{'bytes/rank (MiB)':>18}{'vs one process':>16}")
+    for name, held in memory["bytes_per_rank"].items():
+        print(f"{name:<8}{held / 2**20:>18.2f}{held / memory['bytes_per_rank']['1']:>16.3f}")
+    print(
+        f"tokens/s at 2 ranks: ddp {throughput['tokens_per_s_ddp2']}, fsdp {throughput['tokens_per_s_fsdp2']}; "
+        f"fsdp/ddp median {throughput['fsdp_tokens_per_s_ratio_vs_ddp']} "
+        f"(min..max {throughput['fsdp_tokens_per_s_ratio_spread']})"
+    )
+    summary = {
+        **memory,
+        **throughput,
+        "tokens_per_s_single": single["tokens_per_s"],
+        "steps": steps,
+        "repeats": repeats,
+        "hidden_size": hidden,
+        "wall_s": round(wall_s, 1),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
