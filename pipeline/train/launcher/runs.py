@@ -48,6 +48,11 @@ RESUME_SETTINGS = (
     "train.warmup_steps",
     "train.weight_decay",
     "train.betas",
+    "train.optimizer",
+    "train.muon_lr",
+    "train.muon_momentum",
+    "train.muon_weight_decay",
+    "train.muon_adjust_lr",
     "train.precision",
 )
 
