@@ -17,6 +17,7 @@ from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.lr_schedule import build_lr_scheduler
 from pipeline.train.components.optimizer import MuonWithAdamW, build_optimizer, muon_split
 from pipeline.train.config import TrainConfig
+from pipeline.train.launcher.runs import identity_differences, resume_identity
 from tests.conftest import make_config
 
 MUON = TrainConfig(optimizer="muon", steps=6, warmup_steps=2, muon_lr=0.05, muon_weight_decay=0.1)
@@ -210,3 +211,13 @@ def test_fp16_loss_scaling_and_a_state_dict_round_trip_continue_bit_for_bit():
 def test_bad_muon_settings_are_refused_naming_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         make_config(tmp_path, "train.optimizer=muon", override)
+
+
+def test_muon_settings_tell_muon_runs_apart_and_leave_adamw_runs_resumable(tmp_path):
+    adamw = resume_identity(make_config(tmp_path))
+    assert not any("muon" in key or key == "train.optimizer" for key in adamw)  # as recorded before Muon
+    assert resume_identity(make_config(tmp_path, "train.muon_lr=0.05")) == adamw  # no effect on AdamW
+    muon = resume_identity(make_config(tmp_path, "train.optimizer=muon"))
+    other = resume_identity(make_config(tmp_path, "train.optimizer=muon", "train.muon_lr=0.05"))
+    assert identity_differences(muon, other) == ["train.muon_lr: checkpoint 0.02, this run 0.05"]
+    assert "train.optimizer: checkpoint None, this run 'muon'" in identity_differences(adamw, muon)
