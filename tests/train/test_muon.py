@@ -87,6 +87,9 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_embedding_head_and_norms()
         assert "embed_tokens.weight" in rest and ("lm_head.weight" in rest) == (not tied)
         assert all(names[n].dim() == 1 for n in rest if n not in ("embed_tokens.weight", "lm_head.weight"))
         assert set(hidden) | set(rest) == set(names) and not set(hidden) & set(rest)
+        # A pipeline rank's optimizer sees its stages in a ModuleList: the same split under prefixed names.
+        staged, _ = muon_split(torch.nn.ModuleList([model]))
+        assert staged == [f"0.{name}" for name in hidden]
 
     optimizer = build_optimizer(model, MUON, torch.device("cpu"))
     groups = optimizer.param_groups
