@@ -15,6 +15,10 @@ per rank. One function per figure:
 - ``fsdp_throughput``: tokens/s of FSDP against DDP at 2 ranks, the two alternated ``--repeats`` times in one
   process group (ABBA order) so drifts of a busy machine fall on both; ``fsdp_tokens_per_s_ratio_vs_ddp`` is the median
   of the per-repeat ratios, with their min and max as the spread.
+- ``muon_tokens_to_adamw_loss`` (``benchmarks/train_scale_muon.py``, which also runs alone): the tokens Muon needs
+  to reach AdamW's final validation loss over AdamW's, on the ``tiny`` preset and a 4-layer proxy, 2 seeds, the
+  same learning-rate search for both; ``muon_tokens_to_adamw_loss_ratio`` is their mean (below 1: Muon is faster;
+  the goal is at most 0.8), with its min and max.
 
 The last line printed is one JSON object.
 """
@@ -37,6 +41,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.train_cpu import write_shards  # noqa: E402
+from benchmarks.train_scale_muon import muon_tokens_to_adamw_loss  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 
 SNAPSHOT = "bench-scale"
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (within 3 minutes on 2 cores)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
     parser.add_argument("--repeats", type=int, default=None, help="alternated DDP/FSDP pairs at 2 ranks")
+    parser.add_argument("--only", choices=("fsdp", "muon"), help="one group of figures")
     parser.add_argument("--worker", nargs=3, metavar=("OUT", "CONFIG", "VARIANTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = args.steps or (6 if args.quick else 12)
@@ -179,7 +185,28 @@ def main(argv: list[str] | None = None) -> int:
         worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
         return 0
 
-    hidden = 128 if args.quick else 256
+    summary: dict = {}
+    if args.only != "muon":
+        summary.update(fsdp_figures(args.quick, steps, repeats))
+    if args.only != "fsdp":
+        torch.set_num_threads(1)  # as train_scale_muon.py measures it: comparable on a busy host
+        muon_steps = 80 if args.quick else 240
+        muon = muon_tokens_to_adamw_loss(seeds=2, steps=muon_steps, eval_every=10)
+        summary.update(
+            {
+                "muon_tokens_to_adamw_loss_ratio": muon["ratio_mean"],
+                "muon_tokens_to_adamw_loss_ratio_min": muon["ratio_min"],
+                "muon_tokens_to_adamw_loss_ratio_max": muon["ratio_max"],
+                "muon_tokens_to_adamw_loss": muon["models"],
+                "muon_steps": muon_steps,
+            }
+        )
+    print(json.dumps(summary))
+    return 0
+
+
+def fsdp_figures(quick: bool, steps: int, repeats: int) -> dict:
+    hidden = 128 if quick else 256
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as folder:
         root = Path(folder)
         common = [
@@ -237,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"fsdp/ddp median {throughput['fsdp_tokens_per_s_ratio_vs_ddp']} "
         f"(min..max {throughput['fsdp_tokens_per_s_ratio_spread']})"
     )
-    summary = {
+    return {
         **memory,
         **throughput,
         "tokens_per_s_single": single["tokens_per_s"],
@@ -246,8 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         "hidden_size": hidden,
         "wall_s": round(wall_s, 1),
     }
-    print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

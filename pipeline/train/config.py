@@ -55,6 +55,24 @@ class TrainConfig(Section):
     warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="linear warm-up steps before the cosine")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay of matrices; norms and biases get none")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="adamw: AdamW on every parameter; muon: torch.optim.Muon on the blocks' 2-D weights "
+        "(attention and MLP matrices) and AdamW (train.lr, betas, weight_decay) on the token embedding, "
+        "the LM head, norms and biases",
+    )
+    muon_lr: float = Field(
+        0.02, gt=0, le=10, description="Muon's peak learning rate (the same warm-up and cosine as train.lr)"
+    )
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum")
+    muon_weight_decay: float = Field(
+        0.0, ge=0, description="Muon's decoupled weight decay (each step scales by 1 - muon_lr x this)"
+    )
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = Field(
+        "original",
+        description="Muon's per-matrix lr scale: original, sqrt(max(1, rows/cols)) (Keller Jordan's); "
+        "match_rms_adamw, 0.2 sqrt(max(rows, cols)) (Moonshot's), so an AdamW lr carries over to muon_lr",
+    )
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm to this; 0 disables")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="bf16: autocast; fp16: autocast + dynamic loss scaling (GradScaler)"

@@ -52,14 +52,27 @@ RESUME_SETTINGS = (
 )
 
 
+# Only a Muon run is told apart by them: an AdamW run ignores Muon's keys, and runs recorded before they
+# existed (AdamW) stay resumable.
+MUON_SETTINGS = (
+    "train.optimizer",
+    "train.muon_lr",
+    "train.muon_momentum",
+    "train.muon_weight_decay",
+    "train.muon_adjust_lr",
+)
+
+
 def resume_identity(config: PipelineConfig) -> dict[str, Any]:
     flat = config.flat()
+    ignored = MUON_SETTINGS if config.train.optimizer == "adamw" else ()
     return {
         key: value
         for key, value in sorted(flat.items())
-        if any(
+        if key not in ignored
+        and any(
             key == setting or (setting.endswith(".") and key.startswith(setting))
-            for setting in RESUME_SETTINGS
+            for setting in (*RESUME_SETTINGS, *MUON_SETTINGS)
         )
     }
 
