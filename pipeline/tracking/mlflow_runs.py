@@ -521,6 +521,41 @@ class TrackedRun:
             await_creation_for=0,
         )
 
+    def log_logged_model(
+        self,
+        name: str,
+        metrics: Mapping[str, tuple[float, int, int]],
+        *,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | None = None,
+        model_type: str,
+    ) -> str:
+        """An MLflow 3 LoggedModel of this run (one checkpoint, or the exported model), READY, with
+        ``metrics`` (name -> (value, step, timestamp in ms)) logged to the run with its ``model_id``; returns
+        the id. A figure the run already has (the same key, value, step and timestamp) is not stored twice in
+        the run's history: the tracking store keeps one row per (key, timestamp, step, value)."""
+        from mlflow.entities import Metric
+
+        model = self.client.create_logged_model(
+            self.experiment_id,
+            name=name,
+            source_run_id=self.run_id,
+            tags={key: str(value) for key, value in (tags or {}).items()},
+            params={
+                key: value if isinstance(value, str) else json.dumps(value)
+                for key, value in (params or {}).items()
+            },
+            model_type=model_type,
+        )
+        entries = [
+            Metric(_METRIC_KEY_UNSAFE.sub("_", key), float(value), at, int(step), model_id=model.model_id)
+            for key, (value, step, at) in metrics.items()
+        ]
+        for start in range(0, len(entries), _MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=entries[start : start + _MAX_METRICS_PER_BATCH])
+        self.client.finalize_logged_model(model.model_id, "READY")
+        return str(model.model_id)
+
     # end
 
     def finish(self, status: str = "FINISHED") -> None:
