@@ -1,6 +1,6 @@
 """The walking pipeline in one DAG: crawl, the corpus stages, the training stages; one snapshot.
 
-The demo: `make demo` runs it with `airflow dags test` on the bundled sample site. It is built from the
+The demo: `make demo` runs it with `airflow dags test` on the bundled sample site, quality report included. It is built from the
 same tasks as the production DAGs (`corpus_crawl`, then `pretrain` on its token shards), so the demo
 and production run the same stages. Trigger it from the UI with a snapshot name, a config file and overrides.
 """
@@ -28,9 +28,9 @@ from operators.tasks import corpus_stages, stage_tasks, training_stages
 )
 def pretrain_pipeline():
     crawl = CrawlOperator()  # every shard of the crawl in turn, then their merge
-    # The data stages (the reports on the corpus are corpus_crawl's), then training as train.launcher says
-    # (by default torchrun on this machine).
-    stages = [*corpus_stages(reports=False), *training_stages()]
+    # The corpus stages with their data-quality report (the page a newcomer should see first), then training
+    # as train.launcher says (by default torchrun on this machine).
+    stages = [*corpus_stages(reports=True), *training_stages()]
     stage_tasks(stages, after=crawl)
 
 

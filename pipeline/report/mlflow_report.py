@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -229,10 +230,11 @@ def log_model_files(
     checkpoint: Path,
     tokenizer_file: Path | None,
     export_folder: Path,
+    model_id: str | None = None,
 ) -> tuple[list[dict], dict[str, Any]]:
     """(samples, model pointer): the training plot, sample generations from the checkpoint (when there is a
     tokenizer and ``tracking.sample_tokens``) and the model (``save_registered_model``), each logged to the
-    run."""
+    run; the model also into the LoggedModel ``model_id``, the registered version's source."""
     samples = []
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
@@ -254,11 +256,14 @@ def log_model_files(
         pointer = write_model_artifact(config, checkpoint, tokenizer_file, scratch / CHECKPOINT_ARTIFACT)
         save_registered_model(export_folder, scratch / CHECKPOINT_ARTIFACT, scratch / MODEL_ARTIFACT)
         tracked.log_artifact(scratch / MODEL_ARTIFACT, MODEL_ARTIFACT)
+        if model_id is not None:
+            tracked.client.log_model_artifacts(model_id, str(scratch / MODEL_ARTIFACT))
     return samples, pointer
 
 
-def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
-    """The evaluate stage's figures as metrics (overall and per language) and its files as artifacts."""
+def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> dict[str, tuple[float, int, int]]:
+    """The evaluate stage's figures as metrics (overall and per language) and its files as artifacts; returns
+    the figures as (value, step, timestamp), for the exported model's LoggedModel."""
     metrics = json.loads((evaluation / "metrics.json").read_text())
     values = {}
     if metrics.get("overall"):
@@ -275,13 +280,54 @@ def log_evaluation(tracked: TrackedRun, evaluation: Path, step: int) -> None:
         values[f"eval_loss.{language}"] = group["loss"]
     for name, group in (metrics.get("by_source") or {}).items():
         values[f"eval_loss.source.{name}"] = group["loss"]
-    tracked.log_metrics(values, step=step)
+    now = int(time.time() * 1000)
+    tracked.log_metrics(values, step=step, timestamp_ms=now)
     tracked.flush()
     for name in ("metrics.json", "generations.json"):
         tracked.log_artifact(evaluation / name, "evaluation")
     tracked.log_artifact(evaluation / "plots", "evaluation/plots")
     if (evaluation / "lm_eval").is_dir():
         tracked.log_artifact(evaluation / "lm_eval", "evaluation/lm_eval")
+    return {key: (float(value), step, now) for key, value in values.items() if value is not None}
+
+
+EXPORTED_MODEL = "exported"  # the LoggedModel of the report's model, one per training run
+
+
+def exported_model(
+    tracked: TrackedRun, train_ref: DatasetRef, train_manifest: Manifest, dataset_digest: str
+) -> str:
+    """The LoggedModel the registered version is made from: this run's, when a report of the same training
+    output made one already (a re-run registers the same version), else a new one linked to its corpora."""
+    from mlflow.tracking import MlflowClient
+
+    client: MlflowClient = tracked.client
+    for model in client.search_logged_models(
+        [tracked.experiment_id], filter_string=f"source_run_id = '{tracked.run_id}'"
+    ):
+        if model.name == EXPORTED_MODEL and model.tags.get("pretrain.train_digest") == train_manifest.digest:
+            return str(model.model_id)
+    inputs = train_manifest.extra.get("inputs") or []
+    snapshots = sorted({f"{entry['corpus']}/{entry['snapshot']}" for entry in inputs}) or [
+        f"{train_ref.corpus}/{train_ref.snapshot}"
+    ]
+    return tracked.create_logged_model(
+        EXPORTED_MODEL,
+        params={
+            "snapshots": ",".join(snapshots)[:5000],
+            "inputs": ",".join(f"{e['corpus']}/{e['snapshot']}@{e['digest']}" for e in inputs)[:5000],
+            "train_run": train_ref.run or "",
+            "config_hash": train_manifest.config_hash,
+            "checkpoint": str(train_ref.path / train_manifest.extra["checkpoint"]),
+        },
+        tags={
+            "pretrain.snapshots": ",".join(snapshots)[:5000],
+            "pretrain.tokenizer_digest": train_manifest.extra.get("tokenizer_digest") or "",
+            "pretrain.train_digest": train_manifest.digest,
+            "pretrain.dataset_digest": dataset_digest,
+        },
+        model_type="export",
+    )
 
 
 def log_lineage(tracked: TrackedRun, manifests: list[Manifest], tokenizer_file: Path | None) -> None:
@@ -304,8 +350,10 @@ def register(
     train_manifest: Manifest,
     dataset_digest: str,
     checkpoint_sha256: str,
+    model_id: str | None = None,
 ):
-    """The model version registered under ``registered_model_name(config)``; None when no name is set."""
+    """The model version registered under ``registered_model_name(config)`` (from the LoggedModel
+    ``model_id`` when given); None when no name is set."""
     name = registered_model_name(config)
     if not name:
         return None
@@ -338,6 +386,7 @@ def register(
             "dataset_digest": dataset_digest,
             "checkpoint_sha256": checkpoint_sha256,
         },
+        model_id=model_id,
     )
 
 
@@ -366,10 +415,12 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         tracked, created = training_run(config, train_ref, train_manifest)
         try:
             metric_count = log_history(tracked, history, train_manifest)
+            model_id = exported_model(tracked, train_ref, train_manifest, dataset_digest)
             samples, pointer = log_model_files(
-                config, tracked, history, checkpoint, tokenizer_file, export_ref.path
+                config, tracked, history, checkpoint, tokenizer_file, export_ref.path, model_id
             )
-            log_evaluation(tracked, evaluate_ref.path, train_manifest.rows.get("steps", 0))
+            steps = train_manifest.rows.get("steps", 0)
+            scores = log_evaluation(tracked, evaluate_ref.path, steps)
             log_lineage(tracked, [train_manifest, *chain], tokenizer_file)
             tracked.set_tags(
                 {
@@ -379,7 +430,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                     "pretrain.dataset_digest": dataset_digest,
                 }
             )
-            version = register(config, tracked, train_ref, train_manifest, dataset_digest, pointer["sha256"])
+            tracked.finish_logged_model(model_id, scores)
+            version = register(
+                config, tracked, train_ref, train_manifest, dataset_digest, pointer["sha256"], model_id
+            )
             if created:
                 tracked.finish("FINISHED")
         except BaseException:
@@ -394,6 +448,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "tracking_uri": redact_url(tracking_uri(config)),
             "registered_model": version.name if version else None,
             "model_version": version.version if version else None,
+            "logged_model_id": model_id,
         }
         (out.path / "mlflow_run.json").write_text(json.dumps(record, indent=2) + "\n")
         log.info(
@@ -410,6 +465,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 "tracking_uri": record["tracking_uri"],
                 "registered_model": record["registered_model"],
                 "model_version": record["model_version"],
+                "logged_model_id": model_id,
                 "final_loss": train_manifest.extra.get("final_loss"),
                 "checkpoint": str(checkpoint),
                 "train_run": train_ref.run,

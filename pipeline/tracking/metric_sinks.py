@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,27 +55,45 @@ class MlflowMetrics:
     def __init__(self, run, owns_run: bool) -> None:
         self.run = run
         self.owns_run = owns_run
+        self._input_tags: dict[str, Any] = {}  # what record_lineage found, for each checkpoint's LoggedModel
+        # The latest loss and evaluation figures as logged (value, step, timestamp): what a checkpoint is
+        # judged by; the same timestamp lets the store keep one row of each in the run's history.
+        self._scores: dict[str, tuple[float, int, int]] = {}
 
     @property
     def run_id(self) -> str:
         return self.run.run_id
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.run.log_metrics(metrics, step)
+        now = int(time.time() * 1000)
+        self.run.log_metrics(metrics, step, timestamp_ms=now)
+        for key, value in metrics.items():
+            if ("loss" in key or "perplexity" in key) and isinstance(value, int | float):
+                self._scores[key] = (float(value), step, now)
 
     def record_lineage(self, lineage: Mapping[str, Any]) -> None:
         """What the run trained on: tags (the tokenizer digest, the inputs as corpus/snapshot@digest) and
         the whole record as the artifact ``lineage/inputs.json``."""
         inputs = lineage.get("inputs") or []
         listed = ",".join(f"{i['corpus']}/{i['snapshot']}@{i['digest'][:12]}" for i in inputs)
-        self.run.set_tags(
-            {
-                "pretrain.tokenizer_digest": lineage.get("tokenizer_digest") or "",
-                "pretrain.inputs": listed[:5000],  # MLflow's tag values stop at 8000 characters
-                "pretrain.input_count": len(inputs),
-            }
-        )
+        self._input_tags = {
+            "pretrain.tokenizer_digest": lineage.get("tokenizer_digest") or "",
+            "pretrain.inputs": listed[:5000],  # MLflow's tag values stop at 8000 characters
+            "pretrain.input_count": len(inputs),
+        }
+        self.run.set_tags(self._input_tags)
         self.run.log_text(json.dumps(lineage, indent=2, sort_keys=True) + "\n", "lineage/inputs.json")
+
+    def log_checkpoint(self, step: int, path: Path) -> str:
+        """The checkpoint as a LoggedModel of the run: its step, losses and evaluation figures (each at the
+        step it was measured), tagged with its path and the corpora the run trained on."""
+        return self.run.log_logged_model(
+            f"step-{step:06d}",
+            self._scores,
+            params={"step": step, "checkpoint": str(path)},
+            tags={"pretrain.checkpoint": str(path), "pretrain.step": step, **self._input_tags},
+            model_type="checkpoint",
+        )
 
     def close(self, status: str = "FINISHED") -> None:
         if self.owns_run:
@@ -158,6 +177,20 @@ class MetricsLogger:
                     if self.required:
                         raise
                     log.error("recording the inputs in MLflow failed: %s", exc, exc_info=exc)
+
+    def log_checkpoint(self, step: int, path: Path) -> list[str]:
+        """A checkpoint just written, as a LoggedModel in each sink that keeps models (rank 0's MLflow run),
+        under the sinks' failure policy; returns their model ids."""
+        ids = []
+        for sink in list(self.sinks):
+            if isinstance(sink, MlflowMetrics):
+                try:
+                    ids.append(sink.log_checkpoint(step, path))
+                except Exception as exc:
+                    if self.required:
+                        raise
+                    log.error("the LoggedModel of checkpoint %s failed: %s", path, exc, exc_info=exc)
+        return ids
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for sink in list(self.sinks):

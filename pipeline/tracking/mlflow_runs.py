@@ -499,8 +499,11 @@ class TrackedRun:
         artifact_path: str = "model",
         tags: Mapping[str, Any] | None = None,
         description: str | None = None,
+        model_id: str | None = None,
     ):
-        """Register ``runs:/<run>/<artifact_path>`` as a new version of ``name``; reuses this run's version."""
+        """Register ``runs:/<run>/<artifact_path>`` (or, given ``model_id``, the LoggedModel
+        ``models:/<model_id>``) as a new version of ``name``; reuses this run's version of the same source."""
+        import mlflow
         from mlflow.exceptions import MlflowException
 
         try:
@@ -508,18 +511,76 @@ class TrackedRun:
         except MlflowException as exc:
             if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code) and "already exists" not in str(exc):
                 raise
-        source = f"runs:/{self.run_id}/{artifact_path}"
+        source = f"models:/{model_id}" if model_id else f"runs:/{self.run_id}/{artifact_path}"
         for version in self.client.search_model_versions(f"name = '{_filter_value(name)}'"):
             if version.run_id == self.run_id and version.source == source:
                 return version
-        return self.client.create_model_version(
-            name,
-            source,
-            run_id=self.run_id,
+        # A database registry looks the LoggedModel up through MLflow's global tracking URI, not this client's.
+        previous = mlflow.get_tracking_uri() if mlflow.tracking.is_tracking_uri_set() else None
+        mlflow.set_tracking_uri(self.client.tracking_uri)
+        try:
+            return self.client.create_model_version(
+                name,
+                source,
+                run_id=self.run_id,
+                tags={key: str(value) for key, value in (tags or {}).items()},
+                description=description,
+                await_creation_for=0,
+                model_id=model_id,
+            )
+        finally:
+            # None unsets it again (MLflow's own reset; its annotation leaves None out).
+            mlflow.set_tracking_uri(previous)  # type: ignore[arg-type]
+
+    def log_logged_model(
+        self,
+        name: str,
+        metrics: Mapping[str, tuple[float, int, int]],
+        *,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | None = None,
+        model_type: str,
+    ) -> str:
+        """An MLflow 3 LoggedModel of this run (one checkpoint), READY, with ``metrics``; returns its id."""
+        model_id = self.create_logged_model(name, params=params, tags=tags, model_type=model_type)
+        self.finish_logged_model(model_id, metrics)
+        return model_id
+
+    def create_logged_model(
+        self,
+        name: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | None = None,
+        model_type: str,
+    ) -> str:
+        """A new LoggedModel of this run, PENDING until ``finish_logged_model``; returns its id."""
+        model = self.client.create_logged_model(
+            self.experiment_id,
+            name=name,
+            source_run_id=self.run_id,
             tags={key: str(value) for key, value in (tags or {}).items()},
-            description=description,
-            await_creation_for=0,
+            params={
+                key: value if isinstance(value, str) else json.dumps(value)
+                for key, value in (params or {}).items()
+            },
+            model_type=model_type,
         )
+        return str(model.model_id)
+
+    def finish_logged_model(self, model_id: str, metrics: Mapping[str, tuple[float, int, int]]) -> None:
+        """``metrics`` (name -> (value, step, timestamp in ms)) logged to the run with ``model_id``, then the
+        model READY. A figure the run already has (the same key, value, step and timestamp) is not stored twice
+        in the run's history: the tracking store keeps one row per (key, timestamp, step, value)."""
+        from mlflow.entities import Metric
+
+        entries = [
+            Metric(_METRIC_KEY_UNSAFE.sub("_", key), float(value), at, int(step), model_id=model_id)
+            for key, (value, step, at) in metrics.items()
+        ]
+        for start in range(0, len(entries), _MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=entries[start : start + _MAX_METRICS_PER_BATCH])
+        self.client.finalize_logged_model(model_id, "READY")
 
     # end
 

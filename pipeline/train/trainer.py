@@ -490,6 +490,8 @@ class Trainer(Stateful):
         with self.throughput.excluded():
             path = self.checkpoint.save(self.step)
             self.ctx.barrier()
+            # Rank 0's MLflow run gets a LoggedModel, naming where the checkpoint is once the run is published.
+            self.metrics.log_checkpoint(self.step, self.output.ref.path / path.relative_to(self.output.path))
             return path
 
     # --- the loop ---------------------------------------------------------------------------------------

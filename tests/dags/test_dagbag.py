@@ -256,9 +256,10 @@ def test_pretrain_pipeline_runs_the_same_stages_in_one_dag(dagbag):
     dag = dagbag.dags["pretrain_pipeline"]
     order = ["crawl", "clean", "dedup", "classify", "decontaminate", "tokenize", "train", "export", "report"]
     assert type(dag.get_task("crawl")).__name__ == "CrawlOperator" and not dag.get_task("crawl").merge
-    assert sorted(dag.task_ids) == sorted([*order, "evaluate"])
+    assert sorted(dag.task_ids) == sorted([*order, "evaluate", "quality"])
     assert_chain(dag, order)
     assert_chain(dag, ["train", "evaluate", "report"])
+    assert_chain(dag, ["decontaminate", "quality"])  # the demo shows the data-quality report too
     assert not dag.get_task("train").frozen_config  # the run's config file and overrides, as every stage's
     assert set(dag.params) >= {"snapshot", "config_path", "overrides"}
 

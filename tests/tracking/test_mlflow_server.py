@@ -344,3 +344,21 @@ def load_model_from(train: DatasetRef):
     from pipeline.model.trained import TrainedRun
 
     return TrainedRun.of(train).model()
+
+
+@pytest.mark.slow
+def test_the_checkpoints_and_the_registered_model_are_logged_models_of_the_training_run(trained):
+    """Through the server: torchrun's rank 0 made one LoggedModel per checkpoint, the report one for the
+    exported model, and the registered version's source is that one."""
+    config, snapshot, client, _server = trained
+    report = DatasetRef.of(config, "report", snapshot).manifest()
+    run = client.get_run(report.extra["mlflow_run_id"])
+    models = client.search_logged_models(
+        [run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+    )
+    by_name = {model.name: model for model in models}
+    assert sorted(by_name) == ["exported", "step-000004", "step-000008"]  # train.checkpoint_every=4
+    assert {m.key for m in by_name["step-000008"].metrics} >= {"loss", "val_loss"}
+    version = client.get_model_version(report.extra["registered_model"], report.extra["model_version"])
+    assert version.source == f"models:/{by_name['exported'].model_id}"
+    assert by_name["exported"].params["snapshots"] == f"sample/{snapshot}"

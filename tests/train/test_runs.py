@@ -3,9 +3,11 @@ continues, and a sweep's reports register checkpoints that stay (issue 17, item 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
 
@@ -122,3 +124,36 @@ def test_a_sweep_of_concurrent_trainings_and_their_reports_keep_every_registered
         final = torch.load(train_ref.path / train_ref.manifest().extra["checkpoint"], weights_only=True)
         for key, tensor in final["model"].items():
             assert torch.equal(model.state_dict()[key], tensor), (run, key)
+        # The version is made from the report's LoggedModel, which names the corpora the run trained on and
+        # holds the evaluation figures (the checkpoints' own are tests/train/test_train_metrics.py's).
+        model_id = report.extra["logged_model_id"]
+        assert version.source == f"models:/{model_id}"
+        logged = client.get_logged_model(model_id)
+        assert logged.source_run_id == report.extra["mlflow_run_id"] and str(logged.status) == "READY"
+        assert logged.tags["pretrain.snapshots"] == logged.params["snapshots"] == f"sample/{SNAPSHOT}"
+        assert logged.tags["pretrain.train_digest"] == train_ref.manifest().digest
+        evaluation = json.loads(
+            (DatasetRef.of(config, "evaluate", SNAPSHOT, run=run).path / "metrics.json").read_text()
+        )
+        scores = {metric.key: metric.value for metric in logged.metrics}
+        assert scores["eval_loss"] == pytest.approx(evaluation["overall"]["loss"])
+        mlflow.set_tracking_uri(store)
+        try:
+            models = mlflow.search_logged_models(
+                experiment_ids=[logged.experiment_id],
+                filter_string=f"source_run_id = '{logged.source_run_id}'",
+                output_format="list",
+            )
+        finally:
+            mlflow.set_tracking_uri(None)
+        assert [m.model_id for m in models] == [model_id]  # tracking.stage_runs=false: no checkpoint ones
+    # A second report of a run registers nothing new: the same LoggedModel, the same version.
+    first = next(iter(rates.values()))
+    before = DatasetRef.of(config, "report", SNAPSHOT, run=first).manifest().extra
+    assert report_main(["--config", str(path), "--snapshot", SNAPSHOT, "--set", f"train.run_id={first}"]) == 0
+    again = DatasetRef.of(config, "report", SNAPSHOT, run=first).manifest().extra
+    assert (again["model_version"], again["logged_model_id"]) == (
+        before["model_version"],
+        before["logged_model_id"],
+    )
+    assert len(client.search_model_versions("name = 'pretrain-sample-tiny'")) == len(versions)

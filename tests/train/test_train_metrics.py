@@ -123,3 +123,39 @@ def test_prometheus_endpoint_serves_the_live_step(run):
     _, rows, _, _, scraped = run
     assert 'pretrain_step{rank="0"} 1.0' in scraped
     assert f'pretrain_loss{{rank="0"}} {rows[0]["loss"]}' in scraped
+
+
+def test_each_checkpoint_is_a_logged_model_with_its_step_losses_and_inputs(run):
+    import mlflow
+
+    manifest, rows, output, client, _ = run
+    mlflow_run = client.get_run(manifest.extra["mlflow_run_id"])
+    mlflow.set_tracking_uri(client.tracking_uri)
+    try:
+        models = mlflow.search_logged_models(
+            experiment_ids=[mlflow_run.info.experiment_id],
+            filter_string=f"source_run_id = '{mlflow_run.info.run_id}'",
+            output_format="list",
+        )
+    finally:
+        mlflow.set_tracking_uri(None)
+    by_step = {int(model.params["step"]): model for model in models}
+    assert sorted(by_step) == [3, 6, 8]  # train.checkpoint_every=3, and the last step
+    by_step_row = {row["step"]: row for row in rows}
+    for step, model in by_step.items():
+        assert str(model.status) == "READY"
+        checkpoint = output / "checkpoints" / f"step-{step:06d}.pt"  # in the published run, not its staging
+        assert model.tags["pretrain.checkpoint"] == model.params["checkpoint"] == str(checkpoint)
+        assert checkpoint.is_file()  # train.keep_checkpoints=3 keeps all three
+        assert model.model_type == "checkpoint" and model.name == f"step-{step:06d}"
+        assert model.tags["pretrain.step"] == str(step)
+        assert model.tags["pretrain.inputs"] == mlflow_run.data.tags["pretrain.inputs"] != ""
+        metrics = {metric.key: metric for metric in model.metrics}
+        assert (
+            metrics["loss"].value == pytest.approx(by_step_row[step]["loss"]) and metrics["loss"].step == step
+        )
+    # The evaluation figures measured by then, at the step they were measured (train.eval_every=4).
+    assert "val_loss" not in {metric.key for metric in by_step[3].metrics}
+    assert {m.key: m.step for m in by_step[6].metrics}["val_loss"] == 4
+    final = {m.key: m for m in by_step[8].metrics}
+    assert final["val_loss"].step == 8 and final["val_loss"].value == pytest.approx(rows[-1]["val_loss"])
