@@ -39,7 +39,7 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.plots import plot_scores
-from pipeline.embeddings import EncoderConfig, embed_batches, embedded_schema
+from pipeline.embeddings import EncoderConfig, encode
 from pipeline.quality import diversity, gate, page, subjects, trends
 from pipeline.quality.card import card_link
 from pipeline.quality.funnel import as_rows, clean_details, filtering_details, funnel, plot_waterfall, shares
@@ -174,9 +174,6 @@ def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
         .limit(config.quality.sample_docs)
         .select("id", "domain", lang.alias("lang"), "text")
         .repartition(config.spark.shuffle_partitions, "id")
-        # A shuffle does not keep row order, and the encoder pads each batch to its longest text: the same
-        # rows in the same order make the same batches.
-        .sortWithinPartitions("id")
         .cache()
     )
 
@@ -208,23 +205,21 @@ class Sample:
     hosts: list[str]
     languages: list[str | None]
     texts: list[str]
-    embeddings: np.ndarray  # unit rows, embedded in the Spark workers
+    embeddings: np.ndarray  # unit rows, embedded on the driver
 
 
 def collect_sample(sample: DataFrame, encoder: EncoderConfig) -> Sample:
-    embedded = map_in_arrow(
-        sample,
-        functools.partial(embed_batches, config=encoder, keep=("id",)),
-        spark_schema(embedded_schema(("id",))),
-    )
-    vectors = {row.id: row.embedding for row in embedded.collect()}
+    """The sample on the driver, embedded there: the sample is bounded, the driver loads the encoder anyway
+    (prototypes, BERTScore), and each Spark worker that embedded a share would import torch and load the
+    model again (seconds each, most of the stage on a small snapshot)."""
     rows = sorted(sample.select("id", "domain", "lang", "text").collect(), key=lambda row: row.id)
+    texts = [row.text for row in rows]
     return Sample(
         ids=[row.id for row in rows],
         hosts=[row.domain for row in rows],
         languages=[row.lang for row in rows],
-        texts=[row.text for row in rows],
-        embeddings=np.array([vectors[row.id] for row in rows], dtype=np.float32).reshape(len(rows), -1),
+        texts=texts,
+        embeddings=encode(texts, encoder).reshape(len(rows), -1),
     )
 
 
