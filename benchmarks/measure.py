@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.2
@@ -76,3 +77,35 @@ def run_measured(command: list[str], log_path: Path, env: dict | None = None) ->
         "cpu_s": round(sum(cpu.values()), 1),
         "peak_mb": {k: round(v, 1) for k, v in sorted(by_kind.items())},
     }
+
+
+def launch_workers(
+    script: str, out: Path, processes: int, config_path: Path, variants: Any, steps: int, timeout_s: float
+) -> Any:
+    """Run ``script --worker OUT CONFIG VARIANTS --steps N`` as ``processes`` ranks (torchrun --standalone above
+    one; one thread each) and return the JSON its rank 0 wrote to ``out``. Shared by the benchmarks that time
+    the trainer over several ranks (benchmarks/pipeline_parallel.py, benchmarks/train_scale.py)."""
+    import json
+    import os
+    import sys
+
+    worker = [script, "--worker", str(out), str(config_path), json.dumps(variants), "--steps", str(steps)]
+    command = [sys.executable, *worker]
+    if processes > 1:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={processes}",
+        ]
+        command += worker
+    subprocess.run(
+        command,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+        timeout=timeout_s,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return json.loads(out.read_text())

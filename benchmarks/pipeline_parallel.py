@@ -27,7 +27,6 @@ sys.path[:] = [os.path.dirname(_HERE)] + [e for e in sys.path if os.path.abspath
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -35,6 +34,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.measure import launch_workers  # noqa: E402
 from benchmarks.smoke import add_smoke_flag  # noqa: E402
 from benchmarks.train_cpu import write_shards  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
@@ -104,28 +104,7 @@ def worker(out: Path, config_path: Path, variants: dict[str, list[str]], steps: 
 
 def launch(root: Path, name: str, processes: int, config_path: Path, variants: dict, steps: int) -> dict:
     out = root / f"{name}.json"
-    script = [os.path.abspath(__file__), "--worker", str(out), str(config_path), json.dumps(variants)]
-    if processes == 1:
-        command = [sys.executable, *script]
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={processes}",
-        ]
-        command += script
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.path.dirname(_HERE)}
-    subprocess.run(
-        [*command, "--steps", str(steps)],
-        check=True,
-        env=env,
-        timeout=GUARD_S,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return json.loads(out.read_text())
+    return launch_workers(os.path.abspath(__file__), out, processes, config_path, variants, steps, GUARD_S)
 
 
 def main(argv: list[str] | None = None) -> int:
