@@ -76,7 +76,7 @@ def _may_be_mojibake(text: str) -> bool:
 
     Every pattern of ftfy's badness regex holds a non-ASCII character and reaches at most a few ASCII
     characters from it, so this finds every match ``is_bad`` finds, at a fraction of the cost on text that
-    is mostly ASCII (tests/clean/test_normalize.py checks it against always running ftfy).
+    is mostly ASCII (tests/documents/test_normalize.py checks it against always running ftfy).
     """
     from ftfy.badness import is_bad
 
