@@ -79,6 +79,13 @@ class ClassifierTrainingConfig(Section):
         gt=0,
         description="fewer usable examples of either class (distinct texts) is an error, before training",
     )
+    max_unusable_share: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="a source whose unusable lines (rows, files) are a larger share of it is an error, before "
+        "training: that many is a wrong field or format, not a few damaged lines (1: never)",
+    )
     balance: bool = Field(True, description="sample the larger class down to the smaller one's size")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="examples held out for the metrics (seeded)")
     min_heldout_per_class: int = Field(

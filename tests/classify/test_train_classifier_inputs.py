@@ -20,7 +20,7 @@ from pipeline.classify.training import job as training_job
 from pipeline.classify.training.__main__ import main as train_classifier_main
 from pipeline.core.cli import run_cli
 from pipeline.core.spark import spark_session
-from pipeline.core.storage import DatasetRef
+from pipeline.core.storage import DatasetRef, StageFailure
 from pipeline.documents.sources import judge_json_line
 from tests.classify.texts import junk_documents, wikipedia_extracts
 from tests.conftest import make_config
@@ -112,6 +112,35 @@ def test_positives_with_no_usable_line_are_one_error_naming_the_file_and_line(
     )
 
 
+def test_a_source_mostly_unusable_is_refused_above_its_share_and_read_below_it(spark, tmp_path, texts):
+    """A wrong field name in most lines is a mistake, not a few damaged lines: more than
+    ``max_unusable_share`` of a source unusable is an error naming the source, its share and first bad line."""
+    rng = random.Random(11)
+    good = [json.dumps({"text": t}) for t in texts["good"][:30]]
+    bad = [json.dumps({"body": t}) for t in texts["good"][30:50]]
+    lines = good + bad
+    rng.shuffle(lines)
+    positives = tmp_path / "positives.jsonl"
+    positives.write_text("\n".join(lines) + "\n")
+    negatives = jsonl(tmp_path / "negatives.jsonl", texts["junk"])
+    sources = [
+        f"classifier_training.positives=[{{path: {positives}}}]",
+        f"classifier_training.negatives=[{{path: {negatives}}}]",
+    ]
+    config = make_config(tmp_path / "data", *sources)
+    with pytest.raises(StageFailure) as refusal:
+        training_job.read_examples(spark, config.classifier_training, config)
+    first_bad = 1 + next(i for i, line in enumerate(lines) if '"body"' in line)
+    message = str(refusal.value)
+    assert "classifier_training.positives[0]" in message and "20 unusable" in message, message
+    assert "of 50, 40%, more than classifier_training.max_unusable_share (25%)" in message, message
+    assert f"{positives}:{first_bad}: " in message, message
+
+    config = make_config(tmp_path / "data", *sources, "classifier_training.max_unusable_share=0.4")
+    _, report = training_job.read_examples(spark, config.classifier_training, config)
+    assert report["classifier_training.positives[0]"][str(positives)]["kept"] == 30
+
+
 def test_an_empty_source_is_one_error_naming_it(spark, tmp_path, capsys, texts):
     positives = tmp_path / "positives.jsonl"
     positives.write_text("")
@@ -166,6 +195,7 @@ def test_labelled_scores_from_parquet_are_judged_the_same_way(spark, tmp_path, t
     config = make_config(
         tmp_path / "data",
         f"classifier_training.labelled=[{{path: {labelled}, text_field: body, score_field: edu}}]",
+        "classifier_training.max_unusable_share=1",  # half of these rows are bad on purpose
     )
     examples, report = training_job.read_examples(spark, config.classifier_training, config)
     assert report["classifier_training.labelled[0]"] == {
@@ -251,6 +281,7 @@ def test_kept_and_skipped_lines_add_up_to_the_input_for_random_mixes(spark, tmp_
         tmp_path / "data",
         f"classifier_training.positives=[{{path: {folder}}}]",
         f"classifier_training.negatives=[{{path: {negatives}}}]",
+        "classifier_training.max_unusable_share=1",  # about 30% bad on purpose
     )
     examples, report = training_job.read_examples(spark, config.classifier_training, config)
     assert report["classifier_training.positives[0]"] == expected

@@ -7,7 +7,8 @@ Steps:
                  (typically a sample of a corpus snapshot), or ``labelled`` documents whose score at or above
                  ``positive_min_score`` makes them positive (FineWeb-Edu style); read in Spark, each class
                  sampled down by a seeded hash (``max_examples_per_class``, balanced), a seeded share held out;
-                 an unusable line is skipped and counted by reason, a source with none usable, fewer than
+                 an unusable line is skipped and counted by reason, a source with none usable or with more
+                 than ``max_unusable_share`` unusable, fewer than
                  ``min_examples_per_class`` or ``min_heldout_per_class`` is an error before any training;
 2. ``train``     fasttext: fastText supervised on ``__label__hq`` (positive) / ``__label__cc`` lines, DCLM's
                  label space and preprocessing (``pipeline.classify.preprocess``), lines in a seeded order;
@@ -115,8 +116,8 @@ def read_examples(
 ) -> tuple[DataFrame, dict[str, dict[str, Any]]]:
     """(text, label) rows before sampling: label 1 for positives (or scores at or above the bar), else 0;
     and per source and file, the documents kept and those skipped by reason. An unusable line (row, .txt
-    file) is skipped and counted; a source with no usable one is an error naming it, its first bad line and
-    why."""
+    file) is skipped and counted; a source with no usable one, or with more than ``max_unusable_share`` of
+    them unusable, is an error naming it, its first bad line and why."""
     from pyspark.sql import functions as F
 
     roles = (
@@ -140,6 +141,13 @@ def read_examples(
                     else "it holds none"
                 )
                 raise StageFailure(f"{key} ({source.describe()}): no usable document: {why}")
+            share = skipped.total() / (kept + skipped.total())
+            if share > training.max_unusable_share:
+                raise StageFailure(
+                    f"{key} ({source.describe()}): {_summary(skipped)} of {kept + skipped.total()}, "
+                    f"{share:.0%}, more than classifier_training.max_unusable_share "
+                    f"({training.max_unusable_share:.0%}); the first: {_first_unusable(source, files, score)}"
+                )
             if skipped:
                 log.warning(
                     "%s (%s): %s skipped, %d kept; the first: %s",
