@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,15 @@ class Parallelism(ABC):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Stateful:
         """The checkpoint part ``optimizer``: the whole optimizer's state, as a plain AdamW's."""
         return OptimizerState(optimizer, self.data.rank)
+
+    def sharded_states(self, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
+        """The parts ``model`` and ``optimizer`` as ``train.checkpoint_format=dcp`` saves them: this rank's
+        sharded state dicts (``torch.distributed.checkpoint.state_dict``: DTensor shards under FSDP, whole
+        tensors otherwise) under the unsplit model's names, so that any layout reads any other's."""
+        return {
+            "model": ShardedModelState([(self.module, _same_name)]),
+            "optimizer": ShardedOptimizerState(self.module, optimizer, _same_name),
+        }
 
     def rank_states(self) -> dict[str, Stateful]:
         """Parts each rank checkpoints for itself besides its RNG streams."""
@@ -432,6 +441,74 @@ class FullOptimizerState(Stateful):
         }
         set_optimizer_state_dict(
             self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+        )
+
+
+def _same_name(name: str) -> str:
+    return name
+
+
+class ShardedModelState(Stateful):
+    """Model parts as the DCP checkpoint part ``model``: each part's sharded state dict
+    (``get_model_state_dict``), its names turned into the unsplit model's by the part's ``rename``."""
+
+    def __init__(self, parts: Sequence[tuple[nn.Module, Callable[[str], str]]]) -> None:
+        self.parts = parts
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {
+            rename(name): value
+            for part, rename in self.parts
+            for name, value in get_model_state_dict(part).items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        for part, rename in self.parts:
+            set_model_state_dict(part, {name: state[rename(name)] for name in get_model_state_dict(part)})
+
+
+class ShardedOptimizerState(Stateful):
+    """An optimizer as the DCP checkpoint part ``optimizer``: ``get_optimizer_state_dict``'s flattened form
+    (``state.<parameter>.<key>`` and ``param_groups.<parameter>.<key>``: one entry per parameter, so ranks
+    holding other parameters, pipeline stages, never write the same key with other values), the parameter
+    names turned into the unsplit model's by ``rename``. Loading initialises the optimizer's state if it
+    has none yet, so DCP has tensors of this rank's layout to read into (Muon's momentum as AdamW's moments)."""
+
+    def __init__(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, rename: Callable[[str], str]
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.rename = rename
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def _key(self, key: str) -> str:
+        kind, name = key.split(".", 1)
+        return f"{kind}.{self.rename(name)}"
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        flat: Any = get_optimizer_state_dict(self.module, self.optimizer, options=self._options())
+        return {self._key(key): value for key, value in flat.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        own: Any = get_optimizer_state_dict(self.module, self.optimizer, options=self._options())
+        set_optimizer_state_dict(
+            self.module,
+            self.optimizer,
+            {key: state[self._key(key)] for key in own},
+            options=self._options(),
         )
 
 

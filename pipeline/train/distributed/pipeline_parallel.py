@@ -35,6 +35,7 @@ backward, loss); the rest of the schedule's step is time spent waiting for a nei
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -63,6 +64,8 @@ from pipeline.model.gpt import GPT, training_loss
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.distributed.parallelism import (
     Parallelism,
+    ShardedModelState,
+    ShardedOptimizerState,
     StepLoss,
     fully_shard_model,
     local_shards,
@@ -504,6 +507,27 @@ class PipelineParallelism(Parallelism):
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         return {"pipeline": {**self.layout(), "stages": self.stage_indices}}
+
+    def sharded_states(self, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
+        """Each stage's state under the unsplit model's names, so a pipeline's shards load at another number
+        of stages or none; a tied head's optimizer state under the embedding's name, as one process (which
+        steps the one matrix) keeps it."""
+        parts = [
+            (part, functools.partial(full_name, first_layer=first))
+            for part, first in zip(self.models, self.first_layers, strict=True)
+        ]
+
+        def optimizer_name(name: str) -> str:  # "<part index>.<name in the part>" in self.module
+            index, local = name.split(".", 1)
+            name = full_name(local, self.first_layers[int(index)])
+            if self.config.tie_word_embeddings and name.startswith("lm_head.weight"):
+                name = "embed_tokens.weight" + name.removeprefix("lm_head.weight")
+            return name
+
+        return {
+            "model": ShardedModelState(parts),
+            "optimizer": ShardedOptimizerState(self.module, optimizer, optimizer_name),
+        }
 
     def describe(self) -> str:
         return (
