@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "fsdp"):
         summary.update(fsdp_figures(args.quick, steps, repeats))
     if args.only in (None, "checkpoint"):
+        torch.set_num_threads(1)  # as a trainer rank with train.threads_per_rank=1
         summary.update(async_save_blocking(repeats=5 if args.quick else 9))
     if args.only in (None, "muon"):
         torch.set_num_threads(1)  # as train_scale_muon.py measures it: comparable on a busy host

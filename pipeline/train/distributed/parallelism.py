@@ -78,6 +78,14 @@ class Parallelism(ABC):
     """Whether every forward is collective (FSDP gathers parameters in it), so every rank must run as many
     validation forwards as the others."""
 
+    def __init__(self, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision) -> None:
+        """What every kind shares: the ranks (all of them share the data unless a subclass narrows
+        ``data``), the precision, and how batches are built (packed rows, document masking)."""
+        self.ctx = self.data = ctx
+        self.precision = precision
+        self.packed = config.data.batching == "packed"
+        self.document_masking = config.train.document_masking
+
     # --- one step -------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -177,11 +185,8 @@ class DataParallelism(Parallelism):
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
+        super().__init__(ctx, config, precision)
         train = config.train
-        self.ctx = self.data = ctx
-        self.precision = precision
-        self.packed = config.data.batching == "packed"
-        self.document_masking = train.document_masking
         self.model = model
         self.module = model
         self.model_parts = [model]
@@ -286,11 +291,8 @@ class FullyShardedParallelism(DataParallelism):
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
+        Parallelism.__init__(self, ctx, config, precision)  # not DataParallelism's: no DDP here
         train = config.train
-        self.ctx = self.data = ctx
-        self.precision = precision
-        self.packed = config.data.batching == "packed"
-        self.document_masking = train.document_masking
         self.compression = None
         self.ddp = None
         self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))

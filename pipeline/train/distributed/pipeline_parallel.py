@@ -237,13 +237,13 @@ class PipelineParallelism(Parallelism):
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
+        super().__init__(ctx, config, precision)
         train = config.train
         ranks = train.pp_degree
-        self.ctx, self.precision, self.config = ctx, precision, model.config
+        self.config = model.config
         # GradScaler creates its scale on the first scale() call, which only the last stage makes: start it
         # on every stage (the gradients arriving from the next stage are scaled alike).
         precision.scale(torch.ones((), device=ctx.device))
-        self.document_masking = train.document_masking
         self.microbatches = train.pp_microbatch_count
         self.pp_virtual_stages = train.pp_virtual_stages
         self.mesh = init_device_mesh(
