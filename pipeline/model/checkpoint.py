@@ -43,6 +43,7 @@ model holds), and generates from it. Training registers its parts with
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -329,9 +330,18 @@ def whole_model_checkpoint(path: Path) -> dict[str, Any]:
 # --- distributed checkpoints (train.checkpoint_format=dcp) -------------------------------------------------
 
 
-def _gathered_digests(
+def dcp_state_bytes(state: dict[str, Any]) -> bytes:
+    """A DCP step's ``state.pt`` as bytes: the file format's dict (``format`` first), serialised at once, so
+    parts that go on changing while a background writer runs do not reach it."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT_VERSION, **state}, buffer)
+    return buffer.getvalue()
+
+
+def gathered_digests(
     process_group: Any, digests: dict[str, str], is_main: bool
 ) -> list[dict[str, str]] | None:
+    """Every rank's ``write_shards`` digests on rank 0 (collective over ``process_group``), None elsewhere."""
     import torch.distributed as dist
 
     if not dist.is_initialized():

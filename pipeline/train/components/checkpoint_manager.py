@@ -15,7 +15,6 @@ optionally in the background (``train.checkpoint_async``).
 
 from __future__ import annotations
 
-import io
 import logging
 import random
 import threading
@@ -30,11 +29,11 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from pipeline.model.checkpoint import (
     DCP_SHARDED_PARTS,
-    FORMAT_VERSION,
     Checkpointer,
     CheckpointError,
     DistributedCheckpointer,
-    _gathered_digests,
+    dcp_state_bytes,
+    gathered_digests,
 )
 
 if TYPE_CHECKING:
@@ -144,11 +143,7 @@ class DistributedCheckpointManager(CheckpointManager):
         self.wait()
         sharded = {name: self.states[name].state_dict() for name in DCP_SHARDED_PARTS}
         rest = {name: part.state_dict() for name, part in self.states.items() if name not in sharded}
-        blob = b""
-        if self.is_main:  # serialised now: the parts go on changing while a writer runs
-            buffer = io.BytesIO()
-            torch.save({"format": FORMAT_VERSION, **self.metadata, **rest}, buffer)
-            blob = buffer.getvalue()
+        blob = dcp_state_bytes({**self.metadata, **rest}) if self.is_main else b""
         if not self.async_save:
             self._write(step, sharded, blob)
         else:
@@ -165,7 +160,7 @@ class DistributedCheckpointManager(CheckpointManager):
         digests = self.files.write_shards(step, sharded, self.group)
         for hook in self.after_write:
             hook(step)
-        gathered = _gathered_digests(self.group, digests, self.is_main)
+        gathered = gathered_digests(self.group, digests, self.is_main)
         if self.is_main:
             assert gathered is not None
             self.files.publish(step, {n: d for rank in gathered for n, d in rank.items()}, blob)
