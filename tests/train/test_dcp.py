@@ -18,6 +18,7 @@ from pipeline.model import GPTConfig, model_config
 from pipeline.model.checkpoint import (
     DCP_CHECKSUMS,
     DistributedCheckpointer,
+    checkpoint_format_problem,
     latest_checkpoint,
     whole_model_checkpoint,
 )
@@ -209,3 +210,16 @@ def test_muon_state_round_trips_and_a_corrupt_step_falls_back(tmp_path, async_sa
 def test_impossible_checkpoint_settings_are_refused_when_the_config_loads(tmp_path, overrides, named):
     with pytest.raises(ConfigError, match=named):
         make_config(tmp_path, *overrides)
+
+
+def test_a_run_does_not_switch_checkpoint_format_mid_run(tmp_path):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "step-000002.pt").write_bytes(b"")
+    problem = checkpoint_format_problem(tmp_path / "files", "dcp")
+    assert (
+        "train.checkpoint_format=torch" in problem and "this run has train.checkpoint_format=dcp" in problem
+    )
+    assert checkpoint_format_problem(tmp_path / "files", "torch") is None
+    (tmp_path / "folders" / "step-000002").mkdir(parents=True)
+    assert "train.checkpoint_format=dcp" in checkpoint_format_problem(tmp_path / "folders", "torch")
+    assert checkpoint_format_problem(tmp_path / "folders", "dcp") is None
