@@ -10,7 +10,9 @@ LR schedule, loss scaler, data loader position, the trainer's own step and token
 states and the compression hook's carried errors. A resumed run hands every part its state back, so with the
 same number of ranks it continues exactly as an uninterrupted run would (bit for bit on CPU). With another
 number of ranks (an elastic restart with fewer workers) the data loader reshards its position and the RNG
-states are re-seeded.
+states are re-seeded. With ``train.checkpoint_format=dcp`` every rank writes its own shards
+(``DistributedCheckpointManager``, optionally in the background) and a step also resumes at another layout:
+another ``pp_degree``, FSDP or not.
 """
 
 from __future__ import annotations
@@ -303,64 +305,54 @@ class Trainer(Stateful):
         }
 
     def _build_checkpoint(self) -> CheckpointManager:
-        """Every stateful part, registered once; the parallelism says where this rank's files go
-        (``train.checkpoint_format=torch``) or gives its shards (``dcp``: every rank writes them)."""
+        """Every stateful part, registered once. ``train.checkpoint_format=torch``: the parallelism says
+        where this rank's files go (its data rank 0 writes them, the model and optimizer gathered whole);
+        ``dcp``: it gives this rank's shards of the model and optimizer, which every rank writes, and the
+        per-rank state is gathered over every rank (the layout may change on resume)."""
         parallelism, data = self.parallelism, self.parallelism.data
-        if self.train_config.checkpoint_format == "dcp":
-            return self._build_distributed_checkpoint()
-        metadata = {
-            "config_hash": self.config.hash,
-            "resume_identity": resume_identity(self.config),
-            "model_config": asdict(self.model_config),
-        }
-        metadata.update(parallelism.checkpoint_metadata())
-        own_parts = {"rng": RNGState(self.device), **parallelism.rank_states()}
-        return CheckpointManager(
-            parallelism.checkpoint_folder(self.output.path / "checkpoints"),
-            states={
-                "model": parallelism.model_state(),
-                "optimizer": parallelism.optimizer_state(self.optimizer),
-                "lr_scheduler": self.scheduler,
-                "precision": self.precision,
-                "dataloader": self.loader,
-                "train_state": self,
-                # After train_state: a resume on another number of ranks re-seeds with the restored step.
-                "rank_states": PerRankState(
-                    data, own_parts, on_other_world_size=self._reseed_after_resharding
-                ),
-            },
-            is_main=data.is_main,
-            keep_last=self.train_config.keep_checkpoints,
-            metadata=metadata,
-        )
-
-    def _build_distributed_checkpoint(self) -> CheckpointManager:
-        """``train.checkpoint_format=dcp``: the same parts, the model and optimizer as this rank's shards,
-        per-rank state over every rank (each writes its shards, so the layout may change on resume)."""
-        parallelism = self.parallelism
         metadata = {
             "config_hash": self.config.hash,
             "resume_identity": resume_identity(self.config),
             "model_config": asdict(self.model_config),
             **parallelism.checkpoint_metadata(),
         }
+        distributed = self.train_config.checkpoint_format == "dcp"
         own_parts = {"rng": RNGState(self.device), **parallelism.rank_states()}
-        return DistributedCheckpointManager(
-            self.output.path / "checkpoints",
-            states={
-                **parallelism.sharded_states(self.optimizer),
-                "lr_scheduler": self.scheduler,
-                "precision": self.precision,
-                "dataloader": self.loader,
-                "train_state": self,
-                "rank_states": PerRankState(
-                    self.ctx, own_parts, on_other_world_size=self._reseed_after_resharding
-                ),
-            },
-            is_main=self.ctx.is_main,
+        states = {
+            **(
+                parallelism.sharded_states(self.optimizer)
+                if distributed
+                else {
+                    "model": parallelism.model_state(),
+                    "optimizer": parallelism.optimizer_state(self.optimizer),
+                }
+            ),
+            "lr_scheduler": self.scheduler,
+            "precision": self.precision,
+            "dataloader": self.loader,
+            "train_state": self,
+            # After train_state: a resume on another number of ranks re-seeds with the restored step.
+            "rank_states": PerRankState(
+                self.ctx if distributed else data,
+                own_parts,
+                on_other_world_size=self._reseed_after_resharding,
+            ),
+        }
+        if distributed:
+            return DistributedCheckpointManager(
+                self.output.path / "checkpoints",
+                states=states,
+                is_main=self.ctx.is_main,
+                keep_last=self.train_config.keep_checkpoints,
+                metadata=metadata,
+                async_save=self.train_config.checkpoint_async,
+            )
+        return CheckpointManager(
+            parallelism.checkpoint_folder(self.output.path / "checkpoints"),
+            states=states,
+            is_main=data.is_main,
             keep_last=self.train_config.keep_checkpoints,
             metadata=metadata,
-            async_save=self.train_config.checkpoint_async,
         )
 
     def _load_checkpoint(self) -> tuple[int, dict[str, Any]] | None:
