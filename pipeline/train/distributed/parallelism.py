@@ -282,7 +282,8 @@ class FullyShardedParallelism(DataParallelism):
     sharded master weights, the gradient reduction and the optimizer stay fp32; autocast stays on too, so the
     ops it keeps in fp32 (softmax, the loss) still are. Checkpoints hold the whole model and a plain AdamW's
     optimizer state, gathered to rank 0 (``torch.distributed.checkpoint.state_dict``'s full state dicts), so
-    they are the files a DDP run writes: export reads them, and either kind resumes from either."""
+    they are the files a DDP run writes: export reads them, and either kind resumes from either. With
+    ``train.checkpoint_format=dcp`` each rank writes its own shards instead (``sharded_states``)."""
 
     lockstep_forward = True
 
