@@ -15,6 +15,12 @@ per rank. One function per figure:
 - ``fsdp_throughput``: tokens/s of FSDP against DDP at 2 ranks, the two alternated ``--repeats`` times in one
   process group (ABBA order) so drifts of a busy machine fall on both; ``fsdp_tokens_per_s_ratio_vs_ddp`` is the median
   of the per-repeat ratios, with their min and max as the spread.
+- ``async_save_blocking``: how long a DCP checkpoint save (``train.checkpoint_format=dcp``) blocks the
+  training loop, asynchronous (``train.checkpoint_async``: the loop waits only while each shard is copied
+  and the writer starts) against synchronous (the loop waits for the whole write, checksums and publication),
+  on the same model and optimizer state in one process, alternated ``--repeats`` times (ABBA).
+  ``async_save_blocking_ratio`` is the median of the per-repeat ratios (blocked async / sync), with their min
+  and max as the spread; the goal is at most 0.2.
 - ``muon_tokens_to_adamw_loss`` (``benchmarks/train_scale_muon.py``, which also runs alone): the tokens Muon needs
   to reach AdamW's final validation loss over AdamW's, on the ``tiny`` preset and a 4-layer proxy, 2 seeds, the
   same learning-rate search for both; ``muon_tokens_to_adamw_loss_ratio`` is their mean (below 1: Muon is faster;
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (within 3 minutes on 2 cores)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
     parser.add_argument("--repeats", type=int, default=None, help="alternated DDP/FSDP pairs at 2 ranks")
-    parser.add_argument("--only", choices=("fsdp", "muon"), help="one group of figures")
+    parser.add_argument("--only", choices=("fsdp", "muon", "checkpoint"), help="one group of figures")
     parser.add_argument("--worker", nargs=3, metavar=("OUT", "CONFIG", "VARIANTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = args.steps or (6 if args.quick else 12)
@@ -166,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     summary: dict = {}
-    if args.only != "muon":
+    if args.only in (None, "fsdp"):
         summary.update(fsdp_figures(args.quick, steps, repeats))
-    if args.only != "fsdp":
+    if args.only in (None, "checkpoint"):
+        torch.set_num_threads(1)  # as a trainer rank with train.threads_per_rank=1
+        summary.update(async_save_blocking(repeats=5 if args.quick else 9))
+    if args.only in (None, "muon"):
         torch.set_num_threads(1)  # as train_scale_muon.py measures it: comparable on a busy host
         muon_steps = 80 if args.quick else 240
         muon = muon_tokens_to_adamw_loss(seeds=2, steps=muon_steps, eval_every=10)
@@ -183,6 +192,68 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(json.dumps(summary))
     return 0
+
+
+def async_save_blocking(repeats: int) -> dict:
+    """Seconds a DCP save blocks the caller, synchronous and asynchronous, alternated ABBA in one process on
+    one model (4 layers of 512, 17M parameters, AdamW state after a step: about 200 MB a save)."""
+    from pipeline.model import model_config
+    from pipeline.model.gpt import GPT
+    from pipeline.train.components.checkpoint_manager import DistributedCheckpointManager
+    from pipeline.train.distributed.parallelism import ShardedModelState, ShardedOptimizerState
+
+    config = model_config("tiny").with_overrides(
+        num_hidden_layers=4, hidden_size=512, intermediate_size=1408, vocab_size=8192
+    )
+    torch.manual_seed(0)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    blocked: dict[bool, list[float]] = {False: [], True: []}
+    written_async: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as folder:
+        managers = {
+            kind: DistributedCheckpointManager(
+                Path(folder) / ("async" if kind else "sync"),
+                states={
+                    "model": ShardedModelState([(model, str)]),
+                    "optimizer": ShardedOptimizerState(model, optimizer, str),
+                },
+                is_main=True,
+                keep_last=1,
+                metadata={"model_config": {}},
+                async_save=kind,
+            )
+            for kind in (False, True)
+        }
+        order = [[False, True] if index % 2 == 0 else [True, False] for index in range(repeats + 1)]
+        for step, kind in enumerate(kind for pair in order for kind in pair):
+            started = time.perf_counter()
+            managers[kind].save(step)
+            returned = time.perf_counter()
+            managers[kind].wait()
+            if step >= 2:  # the first pair warms the page cache and the allocator
+                blocked[kind].append(returned - started)
+                if kind:
+                    written_async.append(time.perf_counter() - started)
+    ratios = [a / s for a, s in zip(blocked[True], blocked[False], strict=True)]
+    figures = {
+        "async_save_blocking_ratio": round(statistics.median(ratios), 4),
+        "async_save_blocking_ratio_spread": [round(min(ratios), 4), round(max(ratios), 4)],
+        "save_blocked_s_sync": [round(value, 4) for value in blocked[False]],
+        "save_blocked_s_async": [round(value, 4) for value in blocked[True]],
+        "save_written_s_async": [round(value, 4) for value in written_async],
+        "save_parameters": config.num_parameters(),
+    }
+    print(
+        f"DCP save, blocked s: sync median {statistics.median(blocked[False]):.3f}, async median "
+        f"{statistics.median(blocked[True]):.3f} (written after {statistics.median(written_async):.3f}); "
+        f"async/sync median {figures['async_save_blocking_ratio']} (min..max "
+        f"{figures['async_save_blocking_ratio_spread']})"
+    )
+    return figures
 
 
 def fsdp_figures(quick: bool, steps: int, repeats: int) -> dict:

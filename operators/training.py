@@ -127,6 +127,22 @@ TRAINING_FORM: tuple[FormField, ...] = (
         "optimizer state sharded (FSDP2), for models whose training state does not fit one device.",
     ),
     FormField(
+        "checkpoint_format",
+        "Checkpoint format",
+        "Parallelism",
+        "train.checkpoint_format",
+        "torch: one file per step (per pipeline rank), gathered to one rank; dcp: every rank writes its own "
+        "shards (torch.distributed.checkpoint), and the run resumes at another number of ranks or pipeline "
+        "stages.",
+    ),
+    FormField(
+        "checkpoint_async",
+        "Asynchronous checkpoints",
+        "Parallelism",
+        "train.checkpoint_async",
+        "dcp: write checkpoints in the background while training goes on.",
+    ),
+    FormField(
         "pp_degree",
         "Pipeline-parallel degree",
         "Parallelism",

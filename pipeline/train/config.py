@@ -115,6 +115,18 @@ class TrainConfig(Section):
     )
     checkpoint_every: int = Field(20, gt=0, description="also on SIGTERM and at the end")
     keep_checkpoints: int = Field(3, ge=1, description="keep the newest K checkpoints")
+    checkpoint_format: Literal["torch", "dcp"] = Field(
+        "torch",
+        description="torch: one torch.save file per step (per pp rank), the whole model and optimizer "
+        "gathered to (data-parallel) rank 0; dcp: torch.distributed.checkpoint, every rank writes its own "
+        "shards and a step resumes at another layout (data-parallel size, fsdp or not, train.pp_degree); "
+        "not with train.data_parallel=zero1",
+    )
+    checkpoint_async: bool = Field(
+        False,
+        description="dcp: write checkpoints in a background thread from a copy of each rank's shards "
+        "(that much more host memory) while training goes on; the next save and the end wait for it",
+    )
     run_id: str | None = Field(
         None,
         json_schema_extra=NAMES_OUTPUT,
@@ -191,7 +203,7 @@ class TrainConfig(Section):
             raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
         if self.min_nnodes is not None and self.min_nnodes > self.nnodes:
             raise ValueError(f"min_nnodes ({self.min_nnodes}) must not exceed nnodes ({self.nnodes})")
-        problem = self.fsdp_problem() or self.pipeline_problem()
+        problem = self.fsdp_problem() or self.checkpoint_problem() or self.pipeline_problem()
         if problem:
             raise ValueError(problem)
         return self
@@ -209,6 +221,21 @@ class TrainConfig(Section):
             return (
                 "train.precision=fp16 with train.data_parallel=fsdp: FSDP's mixed precision here is bf16 "
                 "parameters with fp32 reduction (no loss scaling); use train.precision=bf16 or fp32"
+            )
+        return None
+
+    def checkpoint_problem(self) -> str | None:
+        """What the checkpoint format cannot be combined with (naming the keys), or None."""
+        if self.checkpoint_async and self.checkpoint_format != "dcp":
+            return (
+                f"train.checkpoint_async=true needs train.checkpoint_format=dcp (each rank writes its own "
+                f"shards in the background), not {self.checkpoint_format}"
+            )
+        if self.checkpoint_format == "dcp" and self.data_parallel == "zero1":
+            return (
+                "train.checkpoint_format=dcp with train.data_parallel=zero1: ZeroRedundancyOptimizer's state "
+                "has no sharded state dict; use train.data_parallel=fsdp (which shards the optimizer state "
+                "too) or train.checkpoint_format=torch"
             )
         return None
 

@@ -1,12 +1,14 @@
 """Fault injection for chaos testing: deliver a real signal at an exact step of one rank.
 
-``PRETRAIN_TRAIN_FAULT="<SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain]"``, e.g.
+``PRETRAIN_TRAIN_FAULT="<SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain][:at=step|checkpoint]"``, e.g.
 
 - ``SIGKILL@7:rank=1`` kills worker rank 1 after its step 7 (torchrun then restarts the group);
 - ``SIGTERM@5:rank=0:to=launcher`` sends SIGTERM to the torchrun agent, as a scheduler preempting the job
   would; the agent passes it to every worker;
 - ``SIGKILL@3:to=pretrain`` kills `pretrain train` itself, the process above torchrun (its pid comes in
-  ``PRETRAIN_TRAIN_LAUNCHER_PID``), as a user or a scheduler killing the command would.
+  ``PRETRAIN_TRAIN_LAUNCHER_PID``), as a user or a scheduler killing the command would;
+- ``SIGKILL@4:rank=1:at=checkpoint`` kills worker rank 1 while it saves step 4's DCP checkpoint: after its
+  shards are on disk, before the step is published (in the background writer of an asynchronous save).
 
 It fires in the first attempt only (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so a restarted group runs
 through. The rank's entrypoint (``pipeline.train.__main__``) installs it as a ``Trainer.after_step`` hook only
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 ENV_FAULT = "PRETRAIN_TRAIN_FAULT"
 ENV_LAUNCHER_PID = "PRETRAIN_TRAIN_LAUNCHER_PID"  # set by `pretrain train` for its torchrun (to=pretrain)
 _SPEC = re.compile(
-    r"^(?P<signal>SIG[A-Z0-9]+)@(?P<step>\d+)(?::rank=(?P<rank>\d+))?(?::to=(?P<to>self|launcher|pretrain))?$"
+    r"^(?P<signal>SIG[A-Z0-9]+)@(?P<step>\d+)(?::rank=(?P<rank>\d+))?(?::to=(?P<to>self|launcher|pretrain))?(?::at=(?P<at>step|checkpoint))?$"
 )
 _UPSTREAM = ("launcher", "pretrain")  # targets that pass a SIGTERM on to every worker
 
@@ -38,19 +40,22 @@ class Fault:
     step: int
     rank: int
     to: str
+    at: str = "step"
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
         match = _SPEC.match(spec.strip())
         if not match or not hasattr(signal, match["signal"]):
             raise ValueError(
-                f"{ENV_FAULT}={spec!r}: expected <SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain]"
+                f"{ENV_FAULT}={spec!r}: expected "
+                "<SIGNAL>@<step>[:rank=<r>][:to=self|launcher|pretrain][:at=step|checkpoint]"
             )
         return cls(
             signal=signal.Signals[match["signal"]],
             step=int(match["step"]),
             rank=int(match["rank"] or 0),
             to=match["to"] or "self",
+            at=match["at"] or "step",
         )
 
     def after_step(self, trainer) -> None:
@@ -62,8 +67,15 @@ class Fault:
 def arm(trainer) -> None:
     """Install the fault ``PRETRAIN_TRAIN_FAULT`` names for this rank, if any, as a ``Trainer.after_step`` hook."""
     fault = fault_for(trainer.ctx.rank)
-    if fault is not None:
+    if fault is None:
+        return
+    if fault.at == "step":
         trainer.after_step.append(fault.after_step)
+        return
+    hooks = getattr(trainer.checkpoint, "after_write", None)
+    if hooks is None:
+        raise ValueError(f"{ENV_FAULT}: at=checkpoint needs train.checkpoint_format=dcp")
+    hooks.append(lambda step: maybe_inject(fault, step))
 
 
 def fault_for(rank: int, environ: dict[str, str] | None = None) -> Fault | None:

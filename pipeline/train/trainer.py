@@ -10,7 +10,9 @@ LR schedule, loss scaler, data loader position, the trainer's own step and token
 states and the compression hook's carried errors. A resumed run hands every part its state back, so with the
 same number of ranks it continues exactly as an uninterrupted run would (bit for bit on CPU). With another
 number of ranks (an elastic restart with fewer workers) the data loader reshards its position and the RNG
-states are re-seeded.
+states are re-seeded. With ``train.checkpoint_format=dcp`` every rank writes its own shards
+(``DistributedCheckpointManager``, optionally in the background) and a step also resumes at another layout:
+another ``pp_degree``, FSDP or not.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
 from pipeline.model.checkpoint import (
     CheckpointError,
+    DistributedCheckpointer,
+    checkpoint_format_problem,
     checkpoint_layout_problem,
     load_latest_of,
     shard_checkpointers,
@@ -51,6 +55,7 @@ from pipeline.model.inference import format_samples, generations
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.components.checkpoint_manager import (
     CheckpointManager,
+    DistributedCheckpointManager,
     PerRankState,
     RNGState,
     seed_everything,
@@ -239,11 +244,11 @@ class Trainer(Stateful):
         self.checkpoint = self._build_checkpoint()
         restored = self._load_checkpoint()
         if restored is not None:
-            self.checkpoint.load(restored)
+            self.checkpoint.restore(*restored)
             log.info(
                 "resumed from step %d (checkpoint of %d ranks)",
                 self.step,
-                len(restored["rank_states"]["ranks"]),
+                len(restored[1]["rank_states"]["ranks"]),
             )
         else:
             seed_everything(config.project.seed + 1_000_003 * (ctx.rank + 1))  # dropout differs per rank
@@ -300,50 +305,81 @@ class Trainer(Stateful):
         }
 
     def _build_checkpoint(self) -> CheckpointManager:
-        """Every stateful part, registered once; the parallelism says where this rank's files go."""
+        """Every stateful part, registered once. ``train.checkpoint_format=torch``: the parallelism says
+        where this rank's files go (its data rank 0 writes them, the model and optimizer gathered whole);
+        ``dcp``: it gives this rank's shards of the model and optimizer, which every rank writes, and the
+        per-rank state is gathered over every rank (the layout may change on resume)."""
         parallelism, data = self.parallelism, self.parallelism.data
         metadata = {
             "config_hash": self.config.hash,
             "resume_identity": resume_identity(self.config),
             "model_config": asdict(self.model_config),
+            **parallelism.checkpoint_metadata(),
         }
-        metadata.update(parallelism.checkpoint_metadata())
+        distributed = self.train_config.checkpoint_format == "dcp"
         own_parts = {"rng": RNGState(self.device), **parallelism.rank_states()}
+        states = {
+            **(
+                parallelism.sharded_states(self.optimizer)
+                if distributed
+                else {
+                    "model": parallelism.model_state(),
+                    "optimizer": parallelism.optimizer_state(self.optimizer),
+                }
+            ),
+            "lr_scheduler": self.scheduler,
+            "precision": self.precision,
+            "dataloader": self.loader,
+            "train_state": self,
+            # After train_state: a resume on another number of ranks re-seeds with the restored step.
+            "rank_states": PerRankState(
+                self.ctx if distributed else data,
+                own_parts,
+                on_other_world_size=self._reseed_after_resharding,
+            ),
+        }
+        if distributed:
+            return DistributedCheckpointManager(
+                self.output.path / "checkpoints",
+                states=states,
+                is_main=self.ctx.is_main,
+                keep_last=self.train_config.keep_checkpoints,
+                metadata=metadata,
+                async_save=self.train_config.checkpoint_async,
+            )
         return CheckpointManager(
             parallelism.checkpoint_folder(self.output.path / "checkpoints"),
-            states={
-                "model": parallelism.model_state(),
-                "optimizer": parallelism.optimizer_state(self.optimizer),
-                "lr_scheduler": self.scheduler,
-                "precision": self.precision,
-                "dataloader": self.loader,
-                "train_state": self,
-                # After train_state: a resume on another number of ranks re-seeds with the restored step.
-                "rank_states": PerRankState(
-                    data, own_parts, on_other_world_size=self._reseed_after_resharding
-                ),
-            },
+            states=states,
             is_main=data.is_main,
             keep_last=self.train_config.keep_checkpoints,
             metadata=metadata,
         )
 
-    def _load_checkpoint(self) -> dict[str, Any] | None:
+    def _load_checkpoint(self) -> tuple[int, dict[str, Any]] | None:
         """Rank 0 picks the newest valid checkpoint and checks it fits this run; every rank then loads it.
 
-        Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold."""
+        Under a pipeline rank 0 (pp rank 0) checks every pp rank's shard and picks a step all of them hold.
+        A DCP checkpoint is one folder per step whatever the layout; every rank reads its ``state.pt``."""
         ctx = self.ctx
         root, ranks = self.output.path / "checkpoints", self.train_config.pp_degree
+        distributed = self.train_config.checkpoint_format == "dcp"
         shards = shard_checkpointers(root, ranks)
         decision: dict[str, Any] = {}
         state = None
         if ctx.is_main:
             for shard in shards:
                 shard.remove_partial_saves()
+            DistributedCheckpointer(root).remove_partial_saves()
             try:
-                if problem := checkpoint_layout_problem(root, ranks):
+                if problem := checkpoint_format_problem(root, self.train_config.checkpoint_format):
                     raise CheckpointError(problem)
-                restored = load_latest_of(shards)
+                if not distributed and (problem := checkpoint_layout_problem(root, ranks)):
+                    raise CheckpointError(problem)
+                if distributed:
+                    newest = DistributedCheckpointer(root).load_latest()
+                    restored = None if newest is None else (newest[0], [newest[1]])
+                else:
+                    restored = load_latest_of(shards)
             except CheckpointError as exc:
                 decision = {"error": str(exc)}
             else:
@@ -367,9 +403,13 @@ class Trainer(Stateful):
             raise CheckpointError(decision["error"])
         if "step" not in decision:
             return None
+        step = decision["step"]
         if state is None:
-            state = self.checkpoint.files.load(decision["step"])
-        return state
+            if distributed:  # rank 0 verified every file
+                state = DistributedCheckpointer(root).load_state(step, verify_shards=False)
+            else:
+                state = self.checkpoint.files.load(step)
+        return step, state
 
     def _reseed_after_resharding(self, saved_ranks: int) -> None:
         log.warning(
@@ -484,11 +524,14 @@ class Trainer(Stateful):
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, wait: bool = False) -> Path:
         """Collective: ZeRO-1 consolidates the optimizer on rank 0, which writes the file; every rank's
-        files are written before rank 0 publishes or lists them."""
+        files are written before rank 0 publishes or lists them. An asynchronous save (DCP) returns while it
+        writes; ``wait``: not before it is published (the last one, and on SIGTERM)."""
         with self.throughput.excluded():
             path = self.checkpoint.save(self.step)
+            if wait:
+                self.checkpoint.wait()
             self.ctx.barrier()
             # Rank 0's MLflow run gets a LoggedModel, naming where the checkpoint is once the run is published.
             self.metrics.log_checkpoint(self.step, self.output.ref.path / path.relative_to(self.output.path))
@@ -545,11 +588,11 @@ class Trainer(Stateful):
                     if figures:
                         self.metrics.log(figures, self.step)
                     if stopping:
-                        path = self.save_checkpoint()
+                        path = self.save_checkpoint(wait=True)
                         log.warning("SIGTERM: checkpoint of step %d written to %s; stopping", self.step, path)
                         raise TrainingStopped(self.step, path)
                     if self.step % train.checkpoint_every == 0 or last:
-                        self.save_checkpoint()
+                        self.save_checkpoint(wait=last)
             manifest = self._publish()
             status = "FINISHED"
             return manifest

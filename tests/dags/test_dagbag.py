@@ -133,6 +133,8 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
         "launcher",
         "precision",
         "data_parallel",
+        "checkpoint_format",
+        "checkpoint_async",
         "pp_degree",
         "pp_microbatches",
         "pp_schedule",
@@ -153,6 +155,7 @@ def test_pretrain_is_scheduled_on_token_shards_with_a_typed_form(dagbag):
         ("precision", "fp8"),
         ("pp_schedule", "zero_bubble"),
         ("pp_degree", 0),
+        ("checkpoint_format", "safetensors"),
         ("nodes", "two"),
         ("preset", "huge"),
     ]:

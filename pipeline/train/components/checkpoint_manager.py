@@ -7,24 +7,39 @@ Each part's state is saved under its name and handed back to the same part on re
 part for what every rank holds for itself (its RNG streams, a compression hook's carried errors).
 
 The files (names, checksums, atomic saves, newest-valid loading, pipeline shards) are the model's on-disk
-format, ``pipeline.model.checkpoint``; this module only decides what goes in them.
+format, ``pipeline.model.checkpoint``; this module only decides what goes in them. ``CheckpointManager`` writes
+``train.checkpoint_format=torch``'s files (rank 0 writes every part, gathered whole);
+``DistributedCheckpointManager`` writes ``dcp``'s (every rank its shards of the model and the optimizer),
+optionally in the background (``train.checkpoint_async``).
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
-from pipeline.model.checkpoint import Checkpointer, CheckpointError
+from pipeline.model.checkpoint import (
+    DCP_SHARDED_PARTS,
+    Checkpointer,
+    CheckpointError,
+    DistributedCheckpointer,
+    dcp_state_bytes,
+    gathered_digests,
+)
 
 if TYPE_CHECKING:
     from pipeline.train.distributed.process_groups import DistributedContext
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointManager:
@@ -76,6 +91,141 @@ class CheckpointManager:
             )
         for name, part in self.states.items():
             part.load_state_dict(state[name])
+
+    def restore(self, step: int, state: Mapping[str, Any]) -> None:
+        """Restore every part from the checkpoint of ``step``, whose file ``state`` is."""
+        self.load(state)
+
+    def wait(self) -> None:
+        """Until the latest save is on disk (saves here are synchronous)."""
+        return None
+
+
+class DistributedCheckpointManager(CheckpointManager):
+    """``train.checkpoint_format=dcp``: every rank writes its shards of the parts named in ``DCP_SHARDED_PARTS``
+    (``model`` and ``optimizer``, whose ``state_dict()`` is this rank's sharded state dict under the unsplit
+    model's names) with ``torch.distributed.checkpoint``; rank 0 writes every other part into ``state.pt``
+    and publishes the step (``DistributedCheckpointer``). A resume at another layout gets each rank's part of
+    every tensor, whatever layout wrote it.
+
+    With ``async_save`` the shards are copied (staged, this rank's share of the model and optimizer state
+    once more in host memory) and written by a background thread, over a gloo process group of its own so
+    its collectives never meet the training's; the loop goes on at once. The next save, ``wait()`` and the
+    end of the run wait for it. ``after_write`` hooks run in the writer after this rank's shards are on disk
+    and before the step is published (the fault injection of the kill-mid-write test)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        states: Mapping[str, Stateful],
+        *,
+        is_main: bool,
+        keep_last: int = 3,
+        metadata: Mapping[str, Any] | None = None,
+        async_save: bool = False,
+    ) -> None:
+        missing = [name for name in DCP_SHARDED_PARTS if name not in states]
+        if missing:
+            raise ValueError(f"a distributed checkpoint needs the parts {missing}")
+        super().__init__(folder, states, is_main=is_main, keep_last=keep_last, metadata=metadata)
+        self.files: DistributedCheckpointer = DistributedCheckpointer(folder, keep_last=keep_last)  # type: ignore[assignment]
+        self.async_save = async_save
+        # Collective: every rank builds its manager.
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.after_write: list[Callable[[int], None]] = []
+        self._writer: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._staging: dict[str, torch.Tensor] = {}  # the async copies, reused save after save
+
+    def save(self, step: int) -> Path:
+        """Collective. Synchronous: returns once the step is published. Asynchronous: once this rank's
+        shards are staged and its writer started."""
+        self.wait()
+        sharded = {name: self.states[name].state_dict() for name in DCP_SHARDED_PARTS}
+        rest = {name: part.state_dict() for name, part in self.states.items() if name not in sharded}
+        blob = dcp_state_bytes({**self.metadata, **rest}) if self.is_main else b""
+        if not self.async_save:
+            self._write(step, sharded, blob)
+        else:
+            self._writer = threading.Thread(
+                target=self._write_in_background,
+                args=(step, staged(sharded, self._staging), blob),
+                name=f"checkpoint-step-{step}",
+                daemon=True,
+            )
+            self._writer.start()
+        return self.files.path_for(step)
+
+    def _write(self, step: int, sharded: dict[str, Any], blob: bytes) -> None:
+        digests = self.files.write_shards(step, sharded, self.group)
+        for hook in self.after_write:
+            hook(step)
+        gathered = gathered_digests(self.group, digests, self.is_main)
+        if self.is_main:
+            assert gathered is not None
+            self.files.publish(step, {n: d for rank in gathered for n, d in rank.items()}, blob)
+        if self.group is not None:
+            dist.barrier(group=self.group)  # every rank's save ends with the step published
+
+    def _write_in_background(self, step: int, sharded: dict[str, Any], blob: bytes) -> None:
+        try:
+            self._write(step, sharded, blob)
+        except BaseException as exc:  # raised in the training thread by wait()
+            log.exception("the asynchronous checkpoint save of step %d failed", step)
+            self._failure = exc
+
+    def wait(self) -> None:
+        """Until the latest save is published on every rank; raises CheckpointError if it failed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise CheckpointError(f"the asynchronous checkpoint save failed: {failure}") from failure
+
+    def restore(self, step: int, state: Mapping[str, Any]) -> None:
+        """Collective: the sharded parts read from the step's shards into this rank's layout, every other
+        part from ``state`` (the step's ``state.pt``), in registration order."""
+        missing = [name for name in self.states if name not in state and name not in DCP_SHARDED_PARTS]
+        if missing:
+            raise CheckpointError(
+                f"the checkpoint has no state for {', '.join(missing)}: it was written by another version of "
+                "the trainer; set train.resume=false to discard it"
+            )
+        template = {name: self.states[name].state_dict() for name in DCP_SHARDED_PARTS}
+        self.files.read_sharded(step, template, self.group)
+        for name, part in self.states.items():
+            part.load_state_dict(template[name] if name in template else state[name])
+
+
+def staged(state: Any, buffers: dict[str, torch.Tensor], path: str = "") -> Any:
+    """A copy of a state dict's tensors in host memory (a DTensor stays a DTensor of copied local shards), so
+    a background writer saves the values of this moment while training changes the originals. The copies go
+    into ``buffers`` (by their path in the state dict), kept from one save to the next: copying into memory
+    already touched is several times faster than into fresh pages (the previous writer is done by then)."""
+    if isinstance(state, dict):
+        return {key: staged(value, buffers, f"{path}.{key}") for key, value in state.items()}
+    if isinstance(state, list):
+        return [staged(value, buffers, f"{path}.{index}") for index, value in enumerate(state)]
+    if not isinstance(state, torch.Tensor):
+        return state
+    from torch.distributed.tensor import DTensor
+
+    local = state.to_local() if isinstance(state, DTensor) else state
+    buffer = buffers.get(path)
+    if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+        buffer = buffers[path] = torch.empty_like(local, device="cpu")
+    buffer.copy_(local.detach())
+    if isinstance(state, DTensor):
+        return DTensor.from_local(
+            buffer,
+            state.device_mesh,
+            state.placements,
+            run_check=False,
+            shape=state.shape,
+            stride=state.stride(),
+        )
+    return buffer
 
 
 class PerRankState:

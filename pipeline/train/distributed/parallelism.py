@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,14 @@ class Parallelism(ABC):
     lockstep_forward: bool = False
     """Whether every forward is collective (FSDP gathers parameters in it), so every rank must run as many
     validation forwards as the others."""
+
+    def __init__(self, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision) -> None:
+        """What every kind shares: the ranks (all of them share the data unless a subclass narrows
+        ``data``), the precision, and how batches are built (packed rows, document masking)."""
+        self.ctx = self.data = ctx
+        self.precision = precision
+        self.packed = config.data.batching == "packed"
+        self.document_masking = config.train.document_masking
 
     # --- one step -------------------------------------------------------------------------------------
 
@@ -140,6 +148,15 @@ class Parallelism(ABC):
         """The checkpoint part ``optimizer``: the whole optimizer's state, as a plain AdamW's."""
         return OptimizerState(optimizer, self.data.rank)
 
+    def sharded_states(self, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
+        """The parts ``model`` and ``optimizer`` as ``train.checkpoint_format=dcp`` saves them: this rank's
+        sharded state dicts (``torch.distributed.checkpoint.state_dict``: DTensor shards under FSDP, whole
+        tensors otherwise) under the unsplit model's names, so that any layout reads any other's."""
+        return {
+            "model": ShardedModelState([(self.module, _same_name)]),
+            "optimizer": ShardedOptimizerState(self.module, optimizer, _same_name),
+        }
+
     def rank_states(self) -> dict[str, Stateful]:
         """Parts each rank checkpoints for itself besides its RNG streams."""
         return {}
@@ -168,11 +185,8 @@ class DataParallelism(Parallelism):
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
+        super().__init__(ctx, config, precision)
         train = config.train
-        self.ctx = self.data = ctx
-        self.precision = precision
-        self.packed = config.data.batching == "packed"
-        self.document_masking = train.document_masking
         self.model = model
         self.module = model
         self.model_parts = [model]
@@ -268,7 +282,8 @@ class FullyShardedParallelism(DataParallelism):
     sharded master weights, the gradient reduction and the optimizer stay fp32; autocast stays on too, so the
     ops it keeps in fp32 (softmax, the loss) still are. Checkpoints hold the whole model and a plain AdamW's
     optimizer state, gathered to rank 0 (``torch.distributed.checkpoint.state_dict``'s full state dicts), so
-    they are the files a DDP run writes: export reads them, and either kind resumes from either."""
+    they are the files a DDP run writes: export reads them, and either kind resumes from either. With
+    ``train.checkpoint_format=dcp`` each rank writes its own shards instead (``sharded_states``)."""
 
     lockstep_forward = True
 
@@ -277,11 +292,8 @@ class FullyShardedParallelism(DataParallelism):
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
+        Parallelism.__init__(self, ctx, config, precision)  # not DataParallelism's: no DDP here
         train = config.train
-        self.ctx = self.data = ctx
-        self.precision = precision
-        self.packed = config.data.batching == "packed"
-        self.document_masking = train.document_masking
         self.compression = None
         self.ddp = None
         self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
@@ -432,6 +444,74 @@ class FullOptimizerState(Stateful):
         }
         set_optimizer_state_dict(
             self.model, self.optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+        )
+
+
+def _same_name(name: str) -> str:
+    return name
+
+
+class ShardedModelState(Stateful):
+    """Model parts as the DCP checkpoint part ``model``: each part's sharded state dict
+    (``get_model_state_dict``), its names turned into the unsplit model's by the part's ``rename``."""
+
+    def __init__(self, parts: Sequence[tuple[nn.Module, Callable[[str], str]]]) -> None:
+        self.parts = parts
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {
+            rename(name): value
+            for part, rename in self.parts
+            for name, value in get_model_state_dict(part).items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        for part, rename in self.parts:
+            set_model_state_dict(part, {name: state[rename(name)] for name in get_model_state_dict(part)})
+
+
+class ShardedOptimizerState(Stateful):
+    """An optimizer as the DCP checkpoint part ``optimizer``: ``get_optimizer_state_dict``'s flattened form
+    (``state.<parameter>.<key>`` and ``param_groups.<parameter>.<key>``: one entry per parameter, so ranks
+    holding other parameters, pipeline stages, never write the same key with other values), the parameter
+    names turned into the unsplit model's by ``rename``. Loading initialises the optimizer's state if it
+    has none yet, so DCP has tensors of this rank's layout to read into (Muon's momentum as AdamW's moments)."""
+
+    def __init__(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, rename: Callable[[str], str]
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.rename = rename
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def _key(self, key: str) -> str:
+        kind, name = key.split(".", 1)
+        return f"{kind}.{self.rename(name)}"
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        flat: Any = get_optimizer_state_dict(self.module, self.optimizer, options=self._options())
+        return {self._key(key): value for key, value in flat.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        own: Any = get_optimizer_state_dict(self.module, self.optimizer, options=self._options())
+        set_optimizer_state_dict(
+            self.module,
+            self.optimizer,
+            {key: state[self._key(key)] for key in own},
+            options=self._options(),
         )
 
 

@@ -35,6 +35,7 @@ backward, loss); the rest of the schedule's step is time spent waiting for a nei
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -63,6 +64,8 @@ from pipeline.model.gpt import GPT, training_loss
 from pipeline.train.components.amp import MixedPrecision
 from pipeline.train.distributed.parallelism import (
     Parallelism,
+    ShardedModelState,
+    ShardedOptimizerState,
     StepLoss,
     fully_shard_model,
     local_shards,
@@ -234,13 +237,13 @@ class PipelineParallelism(Parallelism):
     def __init__(
         self, model: GPT, ctx: DistributedContext, config: PipelineConfig, precision: MixedPrecision
     ) -> None:
+        super().__init__(ctx, config, precision)
         train = config.train
         ranks = train.pp_degree
-        self.ctx, self.precision, self.config = ctx, precision, model.config
+        self.config = model.config
         # GradScaler creates its scale on the first scale() call, which only the last stage makes: start it
         # on every stage (the gradients arriving from the next stage are scaled alike).
         precision.scale(torch.ones((), device=ctx.device))
-        self.document_masking = train.document_masking
         self.microbatches = train.pp_microbatch_count
         self.pp_virtual_stages = train.pp_virtual_stages
         self.mesh = init_device_mesh(
@@ -504,6 +507,27 @@ class PipelineParallelism(Parallelism):
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         return {"pipeline": {**self.layout(), "stages": self.stage_indices}}
+
+    def sharded_states(self, optimizer: torch.optim.Optimizer) -> dict[str, Stateful]:
+        """Each stage's state under the unsplit model's names, so a pipeline's shards load at another number
+        of stages or none; a tied head's optimizer state under the embedding's name, as one process (which
+        steps the one matrix) keeps it."""
+        parts = [
+            (part, functools.partial(full_name, first_layer=first))
+            for part, first in zip(self.models, self.first_layers, strict=True)
+        ]
+
+        def optimizer_name(name: str) -> str:  # "<part index>.<name in the part>" in self.module
+            index, local = name.split(".", 1)
+            name = full_name(local, self.first_layers[int(index)])
+            if self.config.tie_word_embeddings and name.startswith("lm_head.weight"):
+                name = "embed_tokens.weight" + name.removeprefix("lm_head.weight")
+            return name
+
+        return {
+            "model": ShardedModelState(parts),
+            "optimizer": ShardedOptimizerState(self.module, optimizer, optimizer_name),
+        }
 
     def describe(self) -> str:
         return (
