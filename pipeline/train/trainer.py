@@ -36,7 +36,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.manifest import DamagedInputError, Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import TrainLoader, build_loader
-from pipeline.data.mixture import Mixture, resolve_mixture
+from pipeline.data.mixture import Mixture, training_mixture
 from pipeline.data.sequences import Batch
 from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
@@ -187,7 +187,8 @@ class Trainer(Stateful):
             log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
         if not config.data.mixture:
             DatasetRef.of(config, input_stage, self.snapshot).require()  # the usual one-line error
-        self.mixture = resolve_mixture(config, snapshot=self.snapshot, stage=input_stage)
+        # The resolution frozen into the run's config, its snapshots checked against their digests.
+        self.mixture = training_mixture(config, self.snapshot, input_stage)
         self.tokens_ref = self.mixture.refs[0]
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:  # once a run, before step 1
             damaged: DamagedInputError | None = None
