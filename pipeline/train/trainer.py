@@ -213,6 +213,7 @@ class Trainer(Stateful):
         self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)
         log.info("%s", self.parallelism.describe())
         data = self.parallelism.data  # the ranks that share the data
+        self.loader = build_loader(self.mixture, config, rank=data.rank, world_size=data.world_size)
 
         self.run_id = self._check_run()
         self.output = StageOutput(
@@ -230,7 +231,6 @@ class Trainer(Stateful):
             update_run_record(self.output.path, **self._lineage())
         ctx.barrier()
 
-        self.loader = build_loader(self.mixture, config, rank=data.rank, world_size=data.world_size)
         self.optimizer = build_optimizer(
             self.parallelism.module, train, self.device, process_group=data.group
         )
@@ -297,7 +297,7 @@ class Trainer(Stateful):
         return {
             "inputs": self.mixture.lineage(),
             "tokenizer_digest": self.mixture.tokenizer_digest,
-            "mixture": None if self.mixture.is_default else self.mixture.names,
+            "mixture": self.mixture.names if self.loader.reports_sources else None,
         }
 
     def _build_checkpoint(self) -> CheckpointManager:
@@ -445,7 +445,7 @@ class Trainer(Stateful):
         """A declared mixture's figures per source: the latest step's token-mean loss on each source's rows
         (``loss.<source>``, collective; left out where the parallelism has no per-row losses: a pipeline) and
         the passes over each source so far (``epochs.<source>``)."""
-        if self.mixture.is_default:
+        if not self.loader.reports_sources:
             return {}
         figures: dict[str, float] = {}
         rows = self.last_step.rows
@@ -479,7 +479,7 @@ class Trainer(Stateful):
             return {}
         val_loss = sum(weights[name] * loss for name, loss in known.items()) / sum(weights[n] for n in known)
         figures = {"val_loss": round(val_loss, 6), "val_perplexity": round(perplexity(val_loss), 4)}
-        if not self.mixture.is_default:
+        if self.loader.reports_sources:
             figures.update({f"val_loss.{name}": round(loss, 6) for name, loss in known.items()})
         return figures
 

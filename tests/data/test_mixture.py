@@ -204,7 +204,7 @@ def test_without_a_mixture_the_one_snapshot_is_read_in_its_own_order(data_root):
     assert mixture.is_default and mixture.names == ["web"] and mixture.sources[0].snapshots == ["2026-11-02"]
     loader = build_loader(mixture, config, rank=1, world_size=2)
     assert loader.kind == "packed"
-    assert next(loader).sources is None
+    assert next(loader).sources is None and not loader.reports_sources  # the run's figures are its own
     with pytest.raises(MixtureError, match="snapshot 2026-12-01: corpus web has no tokenize output"):
         resolve_mixture(config, snapshot="2026-12-01")
 
@@ -214,6 +214,9 @@ def test_a_mixture_is_read_in_the_blended_order_with_the_configured_batching(dat
     config = mixture_config(data_root, spec)
     loader = build_loader(resolve_mixture(config), config, rank=0, world_size=2)
     assert loader.kind == "blended_packed" and loader.source_names == ["web", "books"]
+    assert loader.reports_sources  # figures per source, as for a declared mixture of one source
+    one = mixture_config(data_root, [{"corpus": "books"}])
+    assert build_loader(resolve_mixture(one), one).reports_sources
     batch = next(loader)
     assert batch.inputs.shape == (2, 8) and batch.sources.tolist() == [0, 1]  # Megatron's rule: web, books
     budget = mixture_config(data_root, spec, "data.batching=token_budget", "data.max_tokens_per_batch=64")
