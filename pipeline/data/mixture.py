@@ -4,7 +4,7 @@
 ``resolve_mixture`` turns it into the token shards each source reads and refuses, with one line naming the
 source, anything that would make training read the wrong thing: an unknown corpus, a snapshot without a
 complete tokenize output, a selection that matches nothing, a snapshot with no training tokens, and
-snapshots tokenized with different tokenizers (by digest, ``pipeline.tokenization.store``), since their ids
+snapshots tokenized with different tokenizers (by digest, ``pipeline.data.tokenizer_files``), since their ids
 would mean different words. With no ``data.mixture`` the mixture is the one snapshot being trained (the
 default: a mixture of one source, which ``pipeline.data.loader`` reads in the single-snapshot order).
 
@@ -25,7 +25,7 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.snapshots import SnapshotSelection, snapshot_folders
 from pipeline.core.storage import DatasetRef, local_path
 from pipeline.data.config import FrozenMixture, FrozenSource, MixtureSource
-from pipeline.tokenization.store import manifest_digest
+from pipeline.data.tokenizer_files import manifest_digest
 
 log = logging.getLogger(__name__)
 TOKENS_STAGE = "tokenize"

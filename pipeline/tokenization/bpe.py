@@ -14,10 +14,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from pipeline.data.tokenizer_files import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from pipeline.tokenization.config import TokenizerConfig
-
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 # The code point blocks BERT's _is_chinese_char treats as CJK ideographs (Hangul and kana are not in them).
 CJK_RANGES = (

@@ -37,13 +37,13 @@ from pipeline.core.progress import StepClock
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.shards import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX, RollingShardWriter, token_dtype
+from pipeline.data.tokenizer_files import folder_digest
 from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
 from pipeline.tokenization.store import (
     DEFAULT_CHOICE,
     SNAPSHOT_CHOICE,
     ensure_default,
-    folder_digest,
     resolve_reference,
     special_token_facts,
 )

@@ -13,7 +13,7 @@ from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import build_loader
 from pipeline.data.mixture import MixtureError, freeze_mixture, resolve_mixture, training_mixture
 from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-from pipeline.tokenization.store import folder_digest
+from pipeline.data.tokenizer_files import folder_digest
 from tests.conftest import make_config
 from tests.data.test_blend import write_source
 
