@@ -1,6 +1,6 @@
 """Byte-level BPE tokenizer training with HF tokenizers.
 
-Pipeline: Unicode normaliser (``tokenizer.unicode_form``, NFC by default) -> (optional) one pre-token per CJK
+Pipeline: Unicode normaliser (``bpe.unicode_form``, NFC by default) -> (optional) one pre-token per CJK
 ideograph -> GPT-2 byte-level pre-tokenizer -> BPE. Everything after the normaliser is lossless, so
 ``decode(encode(x)) == unicodedata.normalize(form, x)`` for any valid text x that holds no special-token string
 (the stage encodes those as plain text, see ``encoder``).

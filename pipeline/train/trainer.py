@@ -579,7 +579,7 @@ class Trainer(Stateful):
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        stop_id = tokenizer.token_to_id(self.config.tokenizer.eos_token)
+        stop_id = tokenizer.token_to_id(self.config.bpe.eos_token)
         with self.precision.autocast():
             samples = generations(
                 model,
