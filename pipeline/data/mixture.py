@@ -271,9 +271,10 @@ def read_frozen_mixture(config: Any, stage: str = TOKENS_STAGE) -> Mixture:
     and the resolution made from this ``data.mixture`` for this ``stage``."""
     frozen: FrozenMixture = config.data.resolved_mixture
     declared = config.data.mixture or []
-    made_from = [(source.name, source.corpus, source.selection) for source in frozen.sources]
+    made_from = [(s.name, s.corpus, s.selection, s.weight) for s in frozen.sources]
+    total = sum(source.weight for source in declared)
     this = [
-        (name, source.corpus, source.selection.describe())
+        (name, source.corpus, source.selection.describe(), source.weight / total)
         for name, source in zip(config.data.source_names(), declared, strict=True)
     ]
     if frozen.stage != stage or made_from != this:

@@ -177,6 +177,9 @@ def test_a_run_reads_the_resolution_frozen_with_its_config_and_refuses_a_snapsho
     edited = frozen.with_values({"data.mixture": [{"corpus": "web", "snapshots": "last:1"}]}, source="a test")
     with pytest.raises(MixtureError, match="resolved from"):
         training_mixture(edited, "run")
+    reweighted = frozen.with_values({"data.mixture": [{**spec[0], "weight": 1}, spec[1]]}, source="a test")
+    with pytest.raises(MixtureError, match="resolved from"):
+        training_mixture(reweighted, "run")
     # Without a mixture there is nothing to freeze: the one snapshot is resolved where it is trained.
     single = make_config(data_root, "project.corpus=web")
     assert freeze_mixture(single, "2026-11-02") is single
