@@ -9,6 +9,7 @@ tree, the entrypoint and the document pieces they share (``pipeline.documents``)
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def layer(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "pipeline" and len(parts) > 1 else parts[0]
 
 
-def imported_modules(path: Path) -> set[str]:
+@functools.cache  # parsed once for all the tests here (each would otherwise parse every file again)
+def imported_modules(path: Path) -> frozenset[str]:
     """Every absolute import of one source file, at any depth (lazy imports inside functions included)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -110,7 +112,7 @@ def imported_modules(path: Path) -> set[str]:
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-    return found
+    return frozenset(found)
 
 
 def source_files(root: str):
