@@ -299,7 +299,7 @@ def resolve_training_run(
         if every_snapshot and not config.data.mixture:
             # The scheduled variant: everything the corpus has, however many snapshots that is now.
             everything = [{"corpus": params.get("corpus") or config.project.corpus, "snapshots": "all"}]
-            config = load_config(config_path, overrides, values={**values, "data.mixture": everything})
+            config = config.with_values({"data.mixture": everything}, source="the form's corpus")
     except ConfigError as exc:
         raise ConfigError(f"the pretrain run's settings are invalid: {exc}") from None
     if dag_run_id and config.train.run_id is None:
@@ -307,11 +307,13 @@ def resolve_training_run(
     snapshot = params.get("snapshot") or event_extra.get("snapshot")
     if config.data.mixture:
         from pipeline.entrypoint import default_snapshot
-        from pipeline.train.launcher.launch import training_inputs
+        from pipeline.train.launcher.launch import freeze_inputs
 
-        # With a mixture the snapshot only names the run's folder: the event's, or today's date.
+        # With a mixture the snapshot only names the run's folder: the event's, or today's date. The mixture
+        # is resolved here, once (a MixtureError names the source), and frozen with the config: the train
+        # task and its ranks read that resolution.
         snapshot = snapshot or default_snapshot()
-        training_inputs(config, snapshot, training_input().name)  # a MixtureError names the source
+        config = freeze_inputs(config, snapshot, training_input().name)
     else:
         snapshot = snapshot or latest_snapshot(config, training_input().name)
     folder = run_folder(config)

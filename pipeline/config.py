@@ -49,9 +49,10 @@ __all__ = [
 class PipelineConfig(CoreConfig):
     """Every setting of the pipeline: the shared sections plus each registered stage's, in pipeline order."""
 
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "classifier": "classifier_training"
-    }  # next to `classify`, the stage, it read as the same
+    # Next to the stage's section each read as the same thing: `classifier` (how train_classifier trains one)
+    # beside `classify`, and `tokenizer` (the BPE: its training, normalisation and special tokens) beside
+    # `tokenize`.
+    renamed_keys: ClassVar[dict[str, str]] = {"classifier": "classifier_training", "tokenizer": "bpe"}
 
     crawl: CrawlConfig = Field(default_factory=CrawlConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
@@ -61,7 +62,7 @@ class PipelineConfig(CoreConfig):
     classify: ClassifyConfig = Field(default_factory=ClassifyConfig)
     decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    bpe: TokenizerConfig = Field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelSection = Field(default_factory=ModelSection)

@@ -162,7 +162,7 @@ STAGES: tuple[Stage, ...] = (
         help="encode the finished documents into token shards with the corpus's shared tokenizer",
         run="pipeline.tokenization.job:run",
         sections={
-            "tokenizer": "pipeline.tokenization.config:TokenizerConfig",
+            "bpe": "pipeline.tokenization.config:TokenizerConfig",
             "tokenize": "pipeline.tokenization.config:TokenizeConfig",
         },
     ),

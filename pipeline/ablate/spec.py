@@ -66,7 +66,7 @@ MIN_SEEDS = 2  # the paired test (pipeline.ablate.stats) needs a spread over see
 DEFAULT_SEEDS = (0, 1, 2)
 CONTROL_SUFFIX = ".aa"  # the A/A control's arm is named <base>.aa
 # One tokenizer for every variant: a variant that changed it would compare tokenizers, not data.
-FIXED_KEYS = ("tokenizer", "tokenize.tokenizer")
+FIXED_KEYS = ("bpe", "tokenize.tokenizer")
 
 # Every Gopher, C4 and FineWeb rule off: what a crawl gives before any quality filtering (language id and the
 # minimum length stay, as in every variant).

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -40,6 +40,11 @@ NAMES_OUTPUT: dict[str, Any] = {"names_output": True}
 # Kubernetes job), not what it computes; the config hash leaves it out too, so both launchers of the same settings
 # share one hash.
 CHOOSES_LAUNCHER: dict[str, Any] = {"chooses_launcher": True}
+# ``Field(..., json_schema_extra=FROZEN_INPUTS)``: a key written when a run's config is frozen, recording what
+# the run reads as resolved then (``data.resolved_mixture``), not a setting: it travels in the frozen file to
+# every process of the run, and the hash, the MLflow params and the resume identity leave it out, as they do
+# the snapshot.
+FROZEN_INPUTS: dict[str, Any] = {"frozen_inputs": True}
 
 
 class ConfigError(ValueError):
@@ -167,12 +172,7 @@ class CoreConfig(Section):
         launcher (``CHOOSES_LAUNCHER``) are left out, as the snapshot is: two runs of the same settings share
         one hash.
         """
-        tree = self.to_dict()
-        for name in type(self).model_fields:
-            section = getattr(self, name)
-            for key, field in type(section).model_fields.items():
-                if (field.json_schema_extra or {}) in (NAMES_OUTPUT, CHOOSES_LAUNCHER):
-                    tree[name].pop(key, None)
+        tree = self._tree_without(NAMES_OUTPUT, CHOOSES_LAUNCHER, FROZEN_INPUTS)
         canonical = json.dumps(tree, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -188,8 +188,31 @@ class CoreConfig(Section):
         return None
 
     def flat(self) -> dict[str, Any]:
-        """Dotted keys to leaf values, for MLflow params."""
-        return flatten(self.to_dict())
+        """Dotted keys to the leaf values of the settings, for MLflow params (no ``FROZEN_INPUTS``)."""
+        return flatten(self._tree_without(FROZEN_INPUTS))
+
+    def _tree_without(self, *marks: dict[str, Any]) -> dict[str, Any]:
+        """``to_dict()`` less the keys whose field carries one of ``marks`` (``json_schema_extra``)."""
+        tree = self.to_dict()
+        for name in type(self).model_fields:
+            section = getattr(self, name)
+            for key, field in type(section).model_fields.items():
+                if (field.json_schema_extra or {}) in marks:
+                    tree[name].pop(key, None)
+        return tree
+
+    def with_values(self, values: Mapping[str, Any], source: str) -> Self:
+        """This config with dotted keys set to typed values (as the form's ``values`` are), validated again
+        without reading the file or the environment a second time; a bad value raises ConfigError naming the
+        key and ``source``."""
+        tree = self.to_dict()
+        for dotted, value in values.items():
+            _set_dotted(tree, type(self), dotted, value, source=source)
+        _check_values(tree, dict.fromkeys(values, source))
+        try:
+            return self.model_validate(tree)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation_error(exc)) from None
 
 
 Tree = TypeVar("Tree", bound=CoreConfig)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.core.config import Section
+from pipeline.core.config import FROZEN_INPUTS, Section
 from pipeline.core.snapshots import SnapshotSelection, as_selection
 
 CORPUS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # project.corpus's
@@ -48,6 +48,30 @@ class MixtureSource(Section):
         return SnapshotSelection.parse(self.snapshots)
 
 
+class FrozenSource(Section):
+    """One ``data.mixture`` source as resolved when the run's config was frozen."""
+
+    name: str
+    corpus: str = Field(pattern=CORPUS_PATTERN)
+    selection: str = Field(description="the snapshots as declared ('all', 'last:2', ...), for the lineage")
+    weight: float = Field(gt=0, description="normalised: the sources' weights add up to 1")
+    snapshots: list[str] = Field(min_length=1, description="the complete outputs it chose, in name order")
+    digests: list[str] = Field(min_length=1, description="each snapshot's manifest digest then")
+
+    @model_validator(mode="after")
+    def _one_digest_per_snapshot(self) -> FrozenSource:
+        if len(self.digests) != len(self.snapshots):
+            raise ValueError(f"{len(self.snapshots)} snapshot(s) but {len(self.digests)} digest(s)")
+        return self
+
+
+class FrozenMixture(Section):
+    """``data.mixture`` resolved once, when the run's config was frozen: the stage read and each source."""
+
+    stage: str
+    sources: list[FrozenSource] = Field(min_length=1)
+
+
 class DataConfig(Section):
     """What the trainer reads and how it batches token shards (pipeline.data)."""
 
@@ -56,6 +80,13 @@ class DataConfig(Section):
         min_length=1,
         description="train on a weighted mixture of corpora and snapshots (docs/training.md); null: the one "
         "snapshot being trained, as before",
+    )
+    resolved_mixture: FrozenMixture | None = Field(
+        None,
+        description="written when a run's config is frozen, not set by hand: data.mixture resolved then (the "
+        "snapshots each source chose, with their manifest digests), which the training tasks and ranks read "
+        "instead of resolving it again, refusing a snapshot that changed since",
+        json_schema_extra=FROZEN_INPUTS,
     )
     batching: Literal["packed", "token_budget"] = Field(
         "packed",

@@ -291,6 +291,13 @@ class TrainLoader:
 
     # --- what the trainer logs and records -------------------------------------------------------------
 
+    @property
+    def reports_sources(self) -> bool:
+        """Whether the run's figures are kept per source (``loss.<source>``, ``val_loss.<source>``,
+        ``epochs.<source>``, the mixture's names in its lineage): a declared mixture's, whose batches name
+        their rows' sources; a single snapshot's figures are the run's own. Its order declares it."""
+        return self.order.names_sources
+
     def source_figures(self) -> dict[str, Any]:
         """A declared mixture's ``source_samples`` (units each source has given so far, all ranks) and
         ``source_epochs`` (passes over each source so far: 2.25 means twice through and a quarter of the

@@ -4,9 +4,13 @@
 ``resolve_mixture`` turns it into the token shards each source reads and refuses, with one line naming the
 source, anything that would make training read the wrong thing: an unknown corpus, a snapshot without a
 complete tokenize output, a selection that matches nothing, a snapshot with no training tokens, and
-snapshots tokenized with different tokenizers (by digest, ``pipeline.tokenization.store``), since their ids
+snapshots tokenized with different tokenizers (by digest, ``pipeline.data.tokenizer_files``), since their ids
 would mean different words. With no ``data.mixture`` the mixture is the one snapshot being trained (the
 default: a mixture of one source, which ``pipeline.data.loader`` reads in the single-snapshot order).
+
+A run resolves its mixture once, when its config is frozen (``freeze_mixture`` writes the resolution into
+``data.resolved_mixture``); the train task and every rank read that (``training_mixture``), checking each
+snapshot's manifest digest, so they all train what was chosen then.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from pipeline.core.config import ConfigError
 from pipeline.core.manifest import Manifest
 from pipeline.core.snapshots import SnapshotSelection, snapshot_folders
 from pipeline.core.storage import DatasetRef, local_path
-from pipeline.data.config import MixtureSource
-from pipeline.tokenization.store import manifest_digest
+from pipeline.data.config import FrozenMixture, FrozenSource, MixtureSource
+from pipeline.data.tokenizer_files import manifest_digest
 
 log = logging.getLogger(__name__)
 TOKENS_STAGE = "tokenize"
@@ -177,8 +181,10 @@ def _check_one_tokenizer(resolved: list[tuple[str, list[DatasetRef], list[Manife
 
 
 def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKENS_STAGE) -> Mixture:
-    """``data.mixture`` of ``config`` (the pipeline's tree, ``pipeline.config.PipelineConfig``) resolved against ``project.data_root`` (or, when it is not set, ``snapshot`` of
-    ``project.corpus`` alone); raises MixtureError naming the source at fault."""
+    """``data.mixture`` of ``config`` (the pipeline's tree, ``pipeline.config.PipelineConfig``) resolved against
+    ``project.data_root`` (or, when it is not set, ``snapshot`` of ``project.corpus`` alone); raises
+    MixtureError naming the source at fault. A run resolves it once, when its config is frozen
+    (``freeze_mixture``); its later processes read that (``training_mixture``)."""
     root = config.project.data_root
     declared = config.data.mixture
     is_default = not declared
@@ -189,23 +195,35 @@ def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKEN
         names = [config.project.corpus]
     else:
         names = config.data.source_names()
+    total = sum(source.weight for source in declared)
     resolved = []
     for index, (source, name) in enumerate(zip(declared, names, strict=True)):
         where = f"data.mixture[{index}] ({name})" if not is_default else f"snapshot {snapshot}"
         refs, manifests = resolve_source(root, where, source, source.selection, stage)
-        resolved.append((name, refs, manifests))
-    digest, facts = _check_one_tokenizer(resolved)
-    total = sum(source.weight for source in declared)
+        resolved.append(
+            (name, source.corpus, source.selection.describe(), source.weight / total, refs, manifests)
+        )
+    return _mixture(resolved, is_default)
+
+
+def _mixture(
+    resolved: list[tuple[str, str, str, float, list[DatasetRef], list[Manifest]]], is_default: bool
+) -> Mixture:
+    """The mixture of sources (name, corpus, selection, normalised weight, refs, manifests), once their
+    snapshots are known to share one tokenizer."""
+    digest, facts = _check_one_tokenizer(
+        [(name, refs, manifests) for name, _, _, _, refs, manifests in resolved]
+    )
     sources = tuple(
         ResolvedSource(
             name=name,
-            corpus=source.corpus,
-            selection=source.selection.describe(),
-            weight=source.weight / total,
+            corpus=corpus,
+            selection=selection,
+            weight=weight,
             refs=tuple(refs),
             manifests=tuple(manifests),
         )
-        for source, (name, refs, manifests) in zip(declared, resolved, strict=True)
+        for name, corpus, selection, weight, refs, manifests in resolved
     )
     mixture = Mixture(sources, digest, facts, is_default)
     if not is_default:
@@ -220,3 +238,76 @@ def resolve_mixture(config: Any, snapshot: str | None = None, stage: str = TOKEN
                 source.weight,
             )
     return mixture
+
+
+def freeze_mixture(config: Any, snapshot: str | None, stage: str = TOKENS_STAGE) -> Any:
+    """``config`` with its ``data.mixture`` resolved, once, into ``data.resolved_mixture`` (each source's
+    snapshots and their manifest digests), for a run whose config is about to be frozen; ``config`` itself
+    when it declares no mixture (the one snapshot is all there is to resolve, by the process that trains it).
+    A stale resolution is replaced."""
+    if not config.data.mixture:
+        return config
+    mixture = resolve_mixture(config, snapshot=snapshot, stage=stage)
+    frozen = FrozenMixture(
+        stage=stage,
+        sources=[
+            FrozenSource(
+                name=source.name,
+                corpus=source.corpus,
+                selection=source.selection,
+                weight=source.weight,
+                snapshots=source.snapshots,
+                digests=[manifest.digest for manifest in source.manifests],
+            )
+            for source in mixture.sources
+        ],
+    )
+    return config.with_values({"data.resolved_mixture": frozen.model_dump()}, source="the run's resolution")
+
+
+def read_frozen_mixture(config: Any, stage: str = TOKENS_STAGE) -> Mixture:
+    """The mixture ``data.resolved_mixture`` froze, checked against the data root: every snapshot still
+    complete, with the manifest digest it had (else a MixtureError naming it: re-tokenized or replaced since),
+    and the resolution made from this ``data.mixture`` for this ``stage``."""
+    frozen: FrozenMixture = config.data.resolved_mixture
+    declared = config.data.mixture or []
+    made_from = [(s.name, s.corpus, s.selection, s.weight) for s in frozen.sources]
+    total = sum(source.weight for source in declared)
+    this = [
+        (name, source.corpus, source.selection.describe(), source.weight / total)
+        for name, source in zip(config.data.source_names(), declared, strict=True)
+    ]
+    if frozen.stage != stage or made_from != this:
+        raise MixtureError(
+            f"data.resolved_mixture was resolved from the {frozen.stage} outputs of the sources {made_from}, "
+            f"not from data.mixture {this} of the {stage} outputs: leave it out, and the launcher resolves "
+            "data.mixture again"
+        )
+    root = config.project.data_root
+    resolved = []
+    for source in frozen.sources:
+        refs = [DatasetRef(root, source.corpus, stage, snapshot) for snapshot in source.snapshots]
+        manifests = []
+        for ref, digest in zip(refs, source.digests, strict=True):
+            where = f"data.resolved_mixture ({source.name}): {stage} output {ref.corpus}/{ref.snapshot}"
+            if not ref.is_complete():
+                raise MixtureError(
+                    f"{where} is no longer complete (no _SUCCESS or manifest.json at {ref.path})"
+                )
+            manifest = ref.manifest()
+            if manifest.digest != digest:
+                raise MixtureError(
+                    f"{where} changed since the run's config was frozen (manifest digest {manifest.digest}, "
+                    f"frozen {digest}): the run trains what it resolved; start a new run to train on it"
+                )
+            manifests.append(manifest)
+        resolved.append((source.name, source.corpus, source.selection, source.weight, refs, manifests))
+    return _mixture(resolved, is_default=False)
+
+
+def training_mixture(config: Any, snapshot: str | None, stage: str = TOKENS_STAGE) -> Mixture:
+    """What a run trains on: the resolution frozen into its config (``read_frozen_mixture``), else (no
+    mixture, or a config nobody froze: a test's in-process trainer) ``resolve_mixture``."""
+    if config.data.resolved_mixture is not None:
+        return read_frozen_mixture(config, stage)
+    return resolve_mixture(config, snapshot=snapshot, stage=stage)

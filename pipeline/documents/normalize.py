@@ -1,7 +1,7 @@
 """Text normalisation that keeps sentences intact: mojibake repair, a Unicode normal form, no control characters,
 tidy whitespace.
 
-The normal form is a setting (``clean.unicode_form``, ``tokenizer.unicode_form``). NFC (the default) only
+The normal form is a setting (``clean.unicode_form``, ``bpe.unicode_form``). NFC (the default) only
 composes characters, so text stays as written; NFKC also folds "compatibility" characters into others:
 full-width punctuation into ASCII (Chinese "，" becomes ","), "…" into "...", "™" into "TM", full-width
 letters and superscripts into plain ones. FineWeb and datatrove keep the text as ftfy leaves it, which is NFC;

@@ -80,7 +80,7 @@ def generate(argv: list[str] | None = None) -> list[dict]:
     if args.checkpoint is not None:
         model = load_model(args.checkpoint)
         tokenizer_file = DatasetRef.of(config, "tokenize", snapshot).require().path / "tokenizer.json"
-        eos_token = config.tokenizer.eos_token
+        eos_token = config.bpe.eos_token
     else:
         trained = TrainedRun.of(DatasetRef.of(config, "train", snapshot))
         model, tokenizer_file = trained.model(), trained.tokenizer_file

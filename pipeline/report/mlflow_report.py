@@ -249,7 +249,7 @@ def log_model_files(
                 tokenizer_file,
                 config.tracking.sample_prompts,
                 config.tracking.sample_tokens,
-                config.tokenizer.eos_token,
+                config.bpe.eos_token,
             )
             tracked.log_text(json.dumps(samples, indent=2, ensure_ascii=False), "samples/generations.json")
             tracked.log_text(format_samples(samples), "samples/generations.txt")

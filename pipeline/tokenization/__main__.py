@@ -4,8 +4,8 @@ shards with the corpus's shared tokenizer.
 Writes Megatron MMIDIDX token shards (train/, validation/) and a copy of the tokenizer used under
 <data_root>/<corpus>/tokenize/<snapshot>/. tokenize.tokenizer picks it: default (the corpus's; the first
 snapshot tokenized trains and stores one when there is none), a stored NAME or CORPUS/NAME (`pretrain
-tokenizer`), or snapshot (a BPE of this snapshot's own). Other settings: tokenizer.vocab_size,
-tokenizer.split_cjk (a BPE trained here), tokenize.validation_fraction, tokenize.max_tokens_per_shard,
+tokenizer`), or snapshot (a BPE of this snapshot's own). Other settings: bpe.vocab_size,
+bpe.split_cjk (a BPE trained here), tokenize.validation_fraction, tokenize.max_tokens_per_shard,
 tokenize.num_shards. Format: docs/token-shards.md.
 """
 

@@ -1,6 +1,6 @@
 """Byte-level BPE tokenizer training with HF tokenizers.
 
-Pipeline: Unicode normaliser (``tokenizer.unicode_form``, NFC by default) -> (optional) one pre-token per CJK
+Pipeline: Unicode normaliser (``bpe.unicode_form``, NFC by default) -> (optional) one pre-token per CJK
 ideograph -> GPT-2 byte-level pre-tokenizer -> BPE. Everything after the normaliser is lossless, so
 ``decode(encode(x)) == unicodedata.normalize(form, x)`` for any valid text x that holds no special-token string
 (the stage encodes those as plain text, see ``encoder``).
@@ -14,10 +14,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from pipeline.data.tokenizer_files import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from pipeline.tokenization.config import TokenizerConfig
-
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 # The code point blocks BERT's _is_chinese_char treats as CJK ideographs (Hangul and kana are not in them).
 CJK_RANGES = (

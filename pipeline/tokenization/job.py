@@ -37,13 +37,13 @@ from pipeline.core.progress import StepClock
 from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.shards import DESCRIBED_SPLIT, DOCUMENTS_SUFFIX, RollingShardWriter, token_dtype
+from pipeline.data.tokenizer_files import folder_digest
 from pipeline.tokenization.bpe import TOKENIZER_FILE, load_tokenizer, save_tokenizer, train_tokenizer
 from pipeline.tokenization.encoder import DocumentEncoder, EncodeCounters, configure_threads, texts_from_arrow
 from pipeline.tokenization.store import (
     DEFAULT_CHOICE,
     SNAPSHOT_CHOICE,
     ensure_default,
-    folder_digest,
     resolve_reference,
     special_token_facts,
 )
@@ -310,12 +310,12 @@ def bpe_writer(sample_of: Callable[[], list[str]], config: PipelineConfig) -> Ca
 
     def write(folder: Path) -> dict:
         sample = sample_of()
-        tokenizer = train_tokenizer(sample, config.tokenizer)
-        save_tokenizer(tokenizer, folder, config.tokenizer)
+        tokenizer = train_tokenizer(sample, config.bpe)
+        save_tokenizer(tokenizer, folder, config.bpe)
         log.info(
             "trained a byte-level BPE with %d tokens on %d documents", tokenizer.get_vocab_size(), len(sample)
         )
-        settings = config.tokenizer
+        settings = config.bpe
         return {
             "kind": "trained",
             "eos_token": settings.eos_token,
@@ -335,8 +335,8 @@ class ChosenTokenizer:
 
 
 def snapshot_sample(docs: DataFrame, config: PipelineConfig) -> Callable[[], list[str]]:
-    """The BPE's training sample from this snapshot: ``tokenizer.sample_docs`` documents."""
-    return lambda: sample_texts(docs, config.tokenizer.sample_docs, config.tokenize.chunk_chars)
+    """The BPE's training sample from this snapshot: ``bpe.sample_docs`` documents."""
+    return lambda: sample_texts(docs, config.bpe.sample_docs, config.tokenize.chunk_chars)
 
 
 def choose_tokenizer(
@@ -364,15 +364,15 @@ def choose_tokenizer(
             bpe_writer(snapshot_sample(docs, config), config),
             [documents_ref],
         )
-        current = config.tokenizer.model_dump(mode="json")
+        current = config.bpe.model_dump(mode="json")
         trained_with = stored.facts.get("settings") or current  # an imported default has no BPE settings
         changed = sorted(key for key, value in trained_with.items() if current.get(key) != value)
         if changed:
             log.warning(
-                "tokenizer.%s differ from the settings corpus %s's default tokenizer %s was trained with; "
+                "bpe.%s differ from the settings corpus %s's default tokenizer %s was trained with; "
                 "it is used anyway, so every snapshot shares its ids (set tokenize.tokenizer=snapshot for a "
                 "BPE of this snapshot's own, or store another with `pretrain tokenizer train`)",
-                ", tokenizer.".join(changed),
+                ", bpe.".join(changed),
                 stored.corpus,
                 stored.name,
             )

@@ -5,7 +5,7 @@
 
 A stored tokenizer is published like any stage output (``StageOutput``: staging folder, atomic rename, one
 writer) and never replaced: a name, once stored, always means the same ids. Its **digest** is a hash of the
-sha256 of its two files (``tokenizer_digest``); the tokenize stage copies both files into its own output, so a
+sha256 of its two files (``pipeline.data.tokenizer_files``, shared with the training side); the tokenize stage copies both files into its own output, so a
 tokenize output's digest can be checked from its manifest alone, also for outputs written before tokenizers
 were stored (the files' checksums are in every manifest).
 
@@ -18,22 +18,29 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import CoreConfig
 from pipeline.core.locks import lock_path
-from pipeline.core.manifest import Manifest, sha256_file
+from pipeline.core.manifest import Manifest
 from pipeline.core.snapshots import complete_snapshots
-from pipeline.core.storage import DatasetRef, MissingInputError, StageFailure, StageOutput, local_path
-from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, write_tokenizer_config
+from pipeline.core.storage import DatasetRef, MissingInputError, StageOutput, local_path
+from pipeline.data.tokenizer_files import (
+    DIGEST_FILES,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TokenizerError,
+    folder_digest,
+    manifest_digest,
+)
+from pipeline.tokenization.bpe import write_tokenizer_config
 
 log = logging.getLogger(__name__)
 
@@ -42,45 +49,9 @@ DEFAULT_POINTER = "default"
 DEFAULT_CHOICE = "default"  # tokenize.tokenizer: the corpus's default
 SNAPSHOT_CHOICE = "snapshot"  # tokenize.tokenizer: a BPE trained on the snapshot alone
 RESERVED_NAMES = (DEFAULT_CHOICE, SNAPSHOT_CHOICE, "latest")
-DIGEST_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
 # End-of-text tokens of well-known tokenizers, tried in this order when an imported file names none:
 # GPT-2 and most BPEs, Llama 3, Llama 2 / Mistral / T5, Gemma.
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
-
-
-class TokenizerError(StageFailure):
-    """A tokenizer cannot be stored, found or used; the message says which and what to do."""
-
-
-def tokenizer_digest(checksums: Mapping[str, str]) -> str:
-    """The digest of a tokenizer from the sha256 of its files (``DIGEST_FILES``): what "the same tokenizer"
-    means everywhere (the tokenize manifest, a mixture's check, lineage)."""
-    missing = [name for name in DIGEST_FILES if name not in checksums]
-    if missing:
-        raise ValueError(f"no checksum for {missing}: a tokenizer's digest covers {list(DIGEST_FILES)}")
-    text = "".join(f"{name}:{checksums[name]}\n" for name in DIGEST_FILES)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def folder_digest(folder: Path) -> str:
-    """The digest of the tokenizer files in ``folder``."""
-    return tokenizer_digest({name: sha256_file(Path(folder) / name) for name in DIGEST_FILES})
-
-
-def manifest_digest(manifest: Manifest) -> str:
-    """The digest of the tokenizer a stored tokenizer's or a tokenize output's manifest describes."""
-    recorded = (manifest.extra.get("tokenizer") or {}).get("digest")
-    if recorded:
-        return recorded
-    try:
-        return tokenizer_digest(
-            {name: manifest.files[name].sha256 for name in DIGEST_FILES if name in manifest.files}
-        )
-    except ValueError:
-        raise TokenizerError(
-            f"{manifest.stage} {manifest.corpus}/{manifest.snapshot} lists no {' / '.join(DIGEST_FILES)}: "
-            "no tokenizer to identify"
-        ) from None
 
 
 def validate_name(name: str) -> str:

@@ -70,7 +70,7 @@ def source_refs(config: PipelineConfig, sources: list[str], input_stage: str) ->
 
 
 def sample_of_sources(config: PipelineConfig, refs: list[DatasetRef]) -> list[str]:
-    """``tokenizer.sample_docs`` documents with text from all ``refs`` together, the smallest by a seeded hash
+    """``bpe.sample_docs`` documents with text from all ``refs`` together, the smallest by a seeded hash
     of (corpus, snapshot, id), each cut to ``tokenize.chunk_chars``; documents the tokenize stage would put in
     validation (the same seeded hash of the id) are left out, so the BPE never learns from held-out text."""
     from functools import reduce
@@ -95,7 +95,7 @@ def sample_of_sources(config: PipelineConfig, refs: list[DatasetRef]) -> list[st
         .where(F.pmod(F.xxhash64(F.lit(seed), "id"), F.lit(BUCKETS)) >= held_out)
         .withColumn("order", F.xxhash64(F.lit(seed + 1), "corpus", "snapshot", "id"))
         .orderBy("order", "corpus", "snapshot", "id")
-        .limit(config.tokenizer.sample_docs)
+        .limit(config.bpe.sample_docs)
         .select(F.substring("text", 1, config.tokenize.chunk_chars).alias("text"))
     )
     return [row.text for row in sample.collect()]

@@ -38,7 +38,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.manifest import DamagedInputError, Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import TrainLoader, build_loader
-from pipeline.data.mixture import Mixture, resolve_mixture
+from pipeline.data.mixture import Mixture, training_mixture
 from pipeline.data.sequences import Batch
 from pipeline.data.verify import verify_token_shards
 from pipeline.model import GPTConfig, model_config
@@ -192,7 +192,8 @@ class Trainer(Stateful):
             log.info("host allocator: freed memory is kept for the next step (train.keep_host_memory)")
         if not config.data.mixture:
             DatasetRef.of(config, input_stage, self.snapshot).require()  # the usual one-line error
-        self.mixture = resolve_mixture(config, snapshot=self.snapshot, stage=input_stage)
+        # The resolution frozen into the run's config, its snapshots checked against their digests.
+        self.mixture = training_mixture(config, self.snapshot, input_stage)
         self.tokens_ref = self.mixture.refs[0]
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:  # once a run, before step 1
             damaged: DamagedInputError | None = None
@@ -217,6 +218,7 @@ class Trainer(Stateful):
         self.parallelism = build_parallelism(config, self.model_config, ctx, self.precision)
         log.info("%s", self.parallelism.describe())
         data = self.parallelism.data  # the ranks that share the data
+        self.loader = build_loader(self.mixture, config, rank=data.rank, world_size=data.world_size)
 
         self.run_id = self._check_run()
         self.output = StageOutput(
@@ -234,7 +236,6 @@ class Trainer(Stateful):
             update_run_record(self.output.path, **self._lineage())
         ctx.barrier()
 
-        self.loader = build_loader(self.mixture, config, rank=data.rank, world_size=data.world_size)
         self.optimizer = build_optimizer(
             self.parallelism.module, train, self.device, process_group=data.group
         )
@@ -301,7 +302,7 @@ class Trainer(Stateful):
         return {
             "inputs": self.mixture.lineage(),
             "tokenizer_digest": self.mixture.tokenizer_digest,
-            "mixture": None if self.mixture.is_default else self.mixture.names,
+            "mixture": self.mixture.names if self.loader.reports_sources else None,
         }
 
     def _build_checkpoint(self) -> CheckpointManager:
@@ -484,7 +485,7 @@ class Trainer(Stateful):
         """A declared mixture's figures per source: the latest step's token-mean loss on each source's rows
         (``loss.<source>``, collective; left out where the parallelism has no per-row losses: a pipeline) and
         the passes over each source so far (``epochs.<source>``)."""
-        if self.mixture.is_default:
+        if not self.loader.reports_sources:
             return {}
         figures: dict[str, float] = {}
         rows = self.last_step.rows
@@ -518,7 +519,7 @@ class Trainer(Stateful):
             return {}
         val_loss = sum(weights[name] * loss for name, loss in known.items()) / sum(weights[n] for n in known)
         figures = {"val_loss": round(val_loss, 6), "val_perplexity": round(perplexity(val_loss), 4)}
-        if not self.mixture.is_default:
+        if self.loader.reports_sources:
             figures.update({f"val_loss.{name}": round(loss, 6) for name, loss in known.items()})
         return figures
 
@@ -621,7 +622,7 @@ class Trainer(Stateful):
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        stop_id = tokenizer.token_to_id(self.config.tokenizer.eos_token)
+        stop_id = tokenizer.token_to_id(self.config.bpe.eos_token)
         with self.precision.autocast():
             samples = generations(
                 model,

@@ -30,6 +30,7 @@ def test_presets_and_defaults():
     ("changes", "message"),
     [
         ({"variants": {"a": ["tokenize.tokenizer=x"], "b": []}}, "same for every variant"),
+        ({"variants": {"a": ["bpe.vocab_size=512"], "b": []}}, "same for every variant"),
         ({"variants": {"a": ["train.lr=1"], "b": []}}, "not a corpus stage's setting"),
         ({"variants": {"a b": [], "b": []}}, "variant name"),
         ({"variants": ["none"]}, "at least two variants"),

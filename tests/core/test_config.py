@@ -103,6 +103,22 @@ def test_a_renamed_section_is_refused_naming_the_new_one(tmp_path: Path):
     assert load_config(overrides=["classifier_training.min_examples_per_class=50"], environ={})
 
 
+def test_the_tokenizer_section_is_bpe_and_the_old_name_is_refused_naming_the_new_one(tmp_path: Path):
+    """`tokenizer` (the BPE's training, normalisation and special tokens) read as `tokenize` (the stage, whose
+    own `tokenize.tokenizer` picks which tokenizer): renamed `bpe`, the old name refused from every source."""
+    expected = r"tokenizer.vocab_size: renamed to bpe.vocab_size; set that key instead"
+    with pytest.raises(ConfigError, match=expected + r" \(from --set\)"):
+        load_config(overrides=["tokenizer.vocab_size=4096"], environ={})
+    with pytest.raises(ConfigError, match=expected + r" \(from env PRETRAIN__TOKENIZER__VOCAB_SIZE\)"):
+        load_config(environ={"PRETRAIN__TOKENIZER__VOCAB_SIZE": "4096"})
+    old = tmp_path / "old.yaml"
+    old.write_text("tokenizer:\n  vocab_size: 4096\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(old, environ={})
+    config = load_config(overrides=["bpe.vocab_size=4096", "tokenize.tokenizer=snapshot"], environ={})
+    assert (config.bpe.vocab_size, config.tokenize.tokenizer) == (4096, "snapshot")
+
+
 def test_a_key_far_from_any_gets_no_guess():
     with pytest.raises(ConfigError) as error:
         load_config(overrides=["train.zzzzzz=1"], environ={})

@@ -11,13 +11,20 @@ import pytest
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.loader import build_loader
-from pipeline.data.mixture import MixtureError, resolve_mixture
+from pipeline.data.mixture import MixtureError, freeze_mixture, resolve_mixture, training_mixture
 from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-from pipeline.tokenization.store import folder_digest
+from pipeline.data.tokenizer_files import folder_digest
 from tests.conftest import make_config
 from tests.data.test_blend import write_source
 
-FACTS = {"vocab_size": 3000, "dtype": "uint16", "eos_token": "<e>", "eos_id": 0, "pad_token": "<p>", "pad_id": 1}
+FACTS = {
+    "vocab_size": 3000,
+    "dtype": "uint16",
+    "eos_token": "<e>",
+    "eos_id": 0,
+    "pad_token": "<p>",
+    "pad_id": 1,
+}
 
 
 def publish_tokens(root, corpus, snapshot, index=0, tokenizer="A", documents=40, complete=True):
@@ -38,7 +45,9 @@ def publish_tokens(root, corpus, snapshot, index=0, tokenizer="A", documents=40,
 
 
 def mixture_config(root, mixture, *more):
-    return make_config(root, f"data.mixture={json.dumps(mixture)}", "train.seq_len=8", "train.batch_size=2", *more)
+    return make_config(
+        root, f"data.mixture={json.dumps(mixture)}", "train.seq_len=8", "train.batch_size=2", *more
+    )
 
 
 @pytest.fixture
@@ -83,7 +92,10 @@ def test_snapshots_are_chosen_by_name_glob_range_last_or_all(data_root):
 def test_a_corpus_twice_gets_names_that_tell_the_sources_apart(data_root):
     config = mixture_config(
         data_root,
-        [{"corpus": "web", "snapshots": "last:1"}, {"corpus": "web", "snapshots": "..2026-11-02", "weight": 2}],
+        [
+            {"corpus": "web", "snapshots": "last:1"},
+            {"corpus": "web", "snapshots": "..2026-11-02", "weight": 2},
+        ],
     )
     assert resolve_mixture(config).names == ["web:last:1", "web:..2026-11-02"]
 
@@ -91,12 +103,18 @@ def test_a_corpus_twice_gets_names_that_tell_the_sources_apart(data_root):
 @pytest.mark.parametrize(
     ("mixture", "message"),
     [
-        ([{"corpus": "webb"}], r"data\.mixture\[0\] \(webb\): unknown corpus 'webb'; corpora under .*\['books', 'web'\]"),
+        (
+            [{"corpus": "webb"}],
+            r"data\.mixture\[0\] \(webb\): unknown corpus 'webb'; corpora under .*\['books', 'web'\]",
+        ),
         (
             [{"corpus": "web"}, {"corpus": "books", "snapshots": ["v2"]}],
             r"data\.mixture\[1\] \(books\): corpus books has no tokenize output for snapshot\(s\) \['v2'\]",
         ),
-        ([{"corpus": "web", "snapshots": "2025-*"}], r"'2025-\*' match no complete tokenize output of corpus web"),
+        (
+            [{"corpus": "web", "snapshots": "2025-*"}],
+            r"'2025-\*' match no complete tokenize output of corpus web",
+        ),
     ],
 )
 def test_unknown_corpora_and_snapshots_are_clear_errors_naming_the_source(data_root, mixture, message):
@@ -126,6 +144,47 @@ def test_two_tokenizers_are_refused_naming_both_digests(data_root):
     assert resolve_mixture(ok).tokenizer_digest == folder_digest(books_v1.path)
 
 
+def test_a_run_reads_the_resolution_frozen_with_its_config_and_refuses_a_snapshot_changed_since(
+    data_root, tmp_path
+):
+    from pipeline.config import freeze_config, read_frozen_config
+    from pipeline.train.launcher.runs import resume_identity
+
+    spec = [{"corpus": "web", "snapshots": "all", "weight": 3}, {"corpus": "books", "weight": 1}]
+    config = mixture_config(data_root, spec)
+    resolved = resolve_mixture(config)
+    frozen = read_frozen_config(freeze_config(freeze_mixture(config, "run"), tmp_path / "frozen.yaml"))
+    # What the run reads, not a setting: the hash, the MLflow params and the resume identity are the declared
+    # mixture's, so a resumed or relaunched run finds the same ones.
+    assert frozen.data.resolved_mixture is not None and config.data.resolved_mixture is None
+    assert frozen.hash == config.hash and frozen.flat() == config.flat()
+    assert resume_identity(frozen) == resume_identity(config)
+    # A snapshot published after the freeze is not in this run; the one resolved then is, read as it was.
+    publish_tokens(data_root, "web", "2026-11-04", index=4)
+    assert resolve_mixture(config).sources[0].snapshots[-1] == "2026-11-04"
+    read = training_mixture(frozen, "run")
+    assert read.lineage() == resolved.lineage() and read.tokenizer_digest == resolved.tokenizer_digest
+    assert not read.is_default and read.weights == resolved.weights
+    # A frozen snapshot re-tokenized since is refused, naming it and both digests.
+    was = DatasetRef(str(data_root), "books", "tokenize", "v1").manifest().digest
+    publish_tokens(data_root, "books", "v1", index=3, documents=41)
+    now = DatasetRef(str(data_root), "books", "tokenize", "v1").manifest().digest
+    with pytest.raises(
+        MixtureError, match=rf"\(books\): tokenize output books/v1 changed since .*{now}, frozen {was}"
+    ):
+        training_mixture(frozen, "run")
+    # A resolution of another data.mixture (an edited file) is refused rather than trained.
+    edited = frozen.with_values({"data.mixture": [{"corpus": "web", "snapshots": "last:1"}]}, source="a test")
+    with pytest.raises(MixtureError, match="resolved from"):
+        training_mixture(edited, "run")
+    reweighted = frozen.with_values({"data.mixture": [{**spec[0], "weight": 1}, spec[1]]}, source="a test")
+    with pytest.raises(MixtureError, match="resolved from"):
+        training_mixture(reweighted, "run")
+    # Without a mixture there is nothing to freeze: the one snapshot is resolved where it is trained.
+    single = make_config(data_root, "project.corpus=web")
+    assert freeze_mixture(single, "2026-11-02") is single
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -148,7 +207,7 @@ def test_without_a_mixture_the_one_snapshot_is_read_in_its_own_order(data_root):
     assert mixture.is_default and mixture.names == ["web"] and mixture.sources[0].snapshots == ["2026-11-02"]
     loader = build_loader(mixture, config, rank=1, world_size=2)
     assert loader.kind == "packed"
-    assert next(loader).sources is None
+    assert next(loader).sources is None and not loader.reports_sources  # the run's figures are its own
     with pytest.raises(MixtureError, match="snapshot 2026-12-01: corpus web has no tokenize output"):
         resolve_mixture(config, snapshot="2026-12-01")
 
@@ -158,6 +217,9 @@ def test_a_mixture_is_read_in_the_blended_order_with_the_configured_batching(dat
     config = mixture_config(data_root, spec)
     loader = build_loader(resolve_mixture(config), config, rank=0, world_size=2)
     assert loader.kind == "blended_packed" and loader.source_names == ["web", "books"]
+    assert loader.reports_sources  # figures per source, as for a declared mixture of one source
+    one = mixture_config(data_root, [{"corpus": "books"}])
+    assert build_loader(resolve_mixture(one), one).reports_sources
     batch = next(loader)
     assert batch.inputs.shape == (2, 8) and batch.sources.tolist() == [0, 1]  # Megatron's rule: web, books
     budget = mixture_config(data_root, spec, "data.batching=token_budget", "data.max_tokens_per_batch=64")

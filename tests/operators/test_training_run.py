@@ -85,18 +85,36 @@ def test_the_forms_mixture_reaches_the_config_and_is_resolved_before_training(tm
         resolve_training_run(unknown, {}, dag_run_id=DAG_RUN)
 
 
-def test_the_scheduled_variant_trains_on_every_snapshot_of_the_events_corpus(tmp_path):
-    from pipeline.data.mixture import resolve_mixture
+def test_the_scheduled_variant_trains_on_every_snapshot_of_the_events_corpus(tmp_path, monkeypatch):
+    import operators.training
+    from pipeline.data.mixture import training_mixture
+    from pipeline.train.launcher.launch import training_inputs
 
     base = load_config(None, [f"project.data_root={tmp_path}", "project.corpus=web"], environ={})
     for snapshot in ("2026-11-01", "2026-11-02"):
         publish_tokens(base, "web", snapshot)
+    loads = []
+
+    def counted_load_config(*args, **kwargs):
+        loads.append(args)
+        return load_config(*args, **kwargs)
+
+    monkeypatch.setattr(operators.training, "load_config", counted_load_config)
     event = {"snapshot": "2026-11-02", "overrides": [f"project.data_root={tmp_path}", "project.corpus=web"]}
     resolved = resolve_training_run({}, event, dag_run_id=DAG_RUN, every_snapshot=True)
+    assert len(loads) == 1  # the config is read once, its mixture added to it
     config = load_config(resolved["config_path"], environ={})
     assert resolved["snapshot"] == "2026-11-02"
     assert [(s.corpus, s.snapshots) for s in config.data.mixture] == [("web", "all")]
-    assert resolve_mixture(config, resolved["snapshot"]).sources[0].snapshots == ["2026-11-01", "2026-11-02"]
+    # Resolved once, into the frozen file: a snapshot published later is not this run's.
+    frozen = config.data.resolved_mixture
+    assert frozen is not None and [s.snapshots for s in frozen.sources] == [["2026-11-01", "2026-11-02"]]
+    publish_tokens(base, "web", "2026-11-03")
+    assert training_mixture(config, resolved["snapshot"]).sources[0].snapshots == ["2026-11-01", "2026-11-02"]
+    assert [ref.snapshot for ref in training_inputs(config, resolved["snapshot"], "tokenize")] == [
+        "2026-11-01",
+        "2026-11-02",
+    ]
     # Without every_snapshot the same event trains its own snapshot, as before.
     single = resolve_training_run({}, event, dag_run_id=DAG_RUN)
     assert load_config(single["config_path"], environ={}).data.mixture is None

@@ -17,7 +17,7 @@ from pipeline.tokenization.tokenizer_cli import main as tokenizer_cli
 from tests.conftest import make_config
 from tests.tokenization.test_tokenize_stage import read_documents
 
-SETTINGS = ["tokenizer.vocab_size=400", "tokenizer.min_frequency=1", "tokenize.validation_fraction=0.1"]
+SETTINGS = ["bpe.vocab_size=400", "bpe.min_frequency=1", "tokenize.validation_fraction=0.1"]
 SHARED = "The river mill ground flour for the whole valley every autumn."
 WORDS = ["river", "mill", "wheel", "flour", "stone", "water", "valley", "autumn", "bread", "miller", "grain"]
 

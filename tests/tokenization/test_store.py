@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from pipeline.core.manifest import Manifest, sha256_file
 from pipeline.core.storage import MissingInputError
+from pipeline.data import tokenizer_files
 from pipeline.tokenization import store
 from pipeline.tokenization.bpe import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.config import TokenizerConfig
@@ -49,12 +50,16 @@ def test_an_imported_tokenizer_json_is_stored_once_with_its_digest_and_becomes_t
     small_bpe().save(str(source))
     stored = store.import_tokenizer(config, "mine", source)
     assert (stored.path / TOKENIZER_FILE).read_bytes() == source.read_bytes()  # as brought, byte for byte
-    checksums = {name: sha256_file(stored.path / name) for name in store.DIGEST_FILES}
-    assert stored.digest == store.tokenizer_digest(checksums) == store.manifest_digest(stored.manifest)
+    checksums = {name: sha256_file(stored.path / name) for name in tokenizer_files.DIGEST_FILES}
+    assert (
+        stored.digest
+        == tokenizer_files.tokenizer_digest(checksums)
+        == tokenizer_files.manifest_digest(stored.manifest)
+    )
     # The manifest's own file checksums give the same digest (how outputs without a recorded one are checked).
     bare = Manifest.from_dict(stored.manifest.to_dict())
     bare.extra = {}
-    assert store.manifest_digest(bare) == stored.digest
+    assert tokenizer_files.manifest_digest(bare) == stored.digest
     assert stored.facts["eos_token"] == "<|endoftext|>" and stored.facts["pad_token"] == "<|endoftext|>"
     assert store.default_name(config.project.data_root, config.project.corpus) == "mine"
 

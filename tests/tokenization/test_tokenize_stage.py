@@ -33,7 +33,7 @@ def test_shards_hold_every_document_once_with_eos(sample_corpus):
     tokens = DatasetRef.of(config, "tokenize", snapshot)
     manifest = tokens.manifest()
     tokenizer = Tokenizer.from_file(str(tokens.path / "tokenizer.json"))
-    eos = tokenizer.token_to_id(config.tokenizer.eos_token)
+    eos = tokenizer.token_to_id(config.bpe.eos_token)
     assert manifest.extra["eos_id"] == eos and manifest.extra["dtype"] == "uint16"
     documents = (
         pq.read_table(DatasetRef.of(config, "clean", snapshot).path / "documents").column("text").to_pylist()
@@ -152,9 +152,9 @@ def expected_text(raw):
 def test_bad_input_is_counted_shards_are_capped_and_output_is_deterministic(tmp_path):
     rows = bad_corpus()
     settings = [
-        "tokenizer.vocab_size=400",
-        "tokenizer.min_frequency=1",
-        "tokenizer.split_cjk=true",
+        "bpe.vocab_size=400",
+        "bpe.min_frequency=1",
+        "bpe.split_cjk=true",
         "tokenize.chunk_chars=1000",
         "tokenize.max_tokens_per_shard=700",
         "tokenize.num_shards=3",

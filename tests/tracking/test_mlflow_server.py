@@ -288,7 +288,7 @@ def test_the_registered_version_generates_text_without_this_project(trained):
 
     model = load_model(f"models:/{name}/{version}", tracking=server)
     tokenizer = Tokenizer.from_file(str(DatasetRef.of(config, "tokenize", snapshot).path / "tokenizer.json"))
-    eos = tokenizer.token_to_id(config.tokenizer.eos_token)
+    eos = tokenizer.token_to_id(config.bpe.eos_token)
     expected = [tokenizer.decode(greedy_generate(model, tokenizer.encode(p).ids, 12, eos)) for p in prompts]
     assert completions == expected
 

@@ -23,9 +23,9 @@ from pipeline.config import PipelineConfig
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.mixture import TOKENIZER_FACTS
 from pipeline.data.shards import ShardWriter
+from pipeline.data.tokenizer_files import DIGEST_FILES
 from pipeline.tokenization.bpe import TOKENIZER_FILE, save_tokenizer, train_tokenizer
 from pipeline.tokenization.config import TokenizerConfig
-from pipeline.tokenization.store import DIGEST_FILES
 from pipeline.train.launcher.launch import child_environment
 
 WORDS = [

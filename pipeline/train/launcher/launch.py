@@ -48,14 +48,23 @@ def name_run(
 
 
 def training_inputs(config: PipelineConfig, snapshot: str, input_stage: str) -> list[DatasetRef]:
-    """The tokenize outputs a training reads, checked before anything starts: every snapshot of the
-    declared ``data.mixture`` (``pipeline.data.mixture.resolve_mixture``: a MixtureError names the source at
-    fault), else ``snapshot`` of ``input_stage`` alone."""
+    """The tokenize outputs a training reads, checked before anything starts: every snapshot of the mixture
+    (``pipeline.data.mixture.training_mixture``: the one frozen into the run's config, else ``data.mixture``
+    resolved now; a MixtureError names the source at fault), else ``snapshot`` of ``input_stage`` alone."""
     if not config.data.mixture:
         return [DatasetRef.of(config, input_stage, snapshot).require()]
-    from pipeline.data.mixture import resolve_mixture
+    from pipeline.data.mixture import training_mixture
 
-    return resolve_mixture(config, snapshot=snapshot, stage=input_stage).refs
+    return training_mixture(config, snapshot, input_stage).refs
+
+
+def freeze_inputs(config: PipelineConfig, snapshot: str, input_stage: str) -> PipelineConfig:
+    """``config`` with its ``data.mixture`` resolved once, for the file a run's later processes read
+    (``pipeline.data.mixture.freeze_mixture``: ``data.resolved_mixture``; a MixtureError names the source);
+    itself when it declares no mixture."""
+    from pipeline.data.mixture import freeze_mixture
+
+    return freeze_mixture(config, snapshot, input_stage)
 
 
 def torchrun_command(config: PipelineConfig, config_path: Path, snapshot: str, input_stage: str) -> list[str]:
@@ -116,10 +125,13 @@ def prepare_torchrun(
     config: PipelineConfig, inputs: Sequence[DatasetRef], snapshot: str, config_path: Path | None = None
 ) -> list[str]:
     """The torchrun command; its ranks read ``config_path``, the frozen file holding ``config``, else one
-    written here, where every rank can read it."""
+    written here, where every rank can read it, with ``data.mixture`` resolved into it once unless it was
+    already (``freeze_inputs``), so the ranks train what it resolved."""
     for ref in inputs:
         ref.require()
     if config_path is None:
+        if config.data.resolved_mixture is None:
+            config = freeze_inputs(config, snapshot, inputs[0].stage)
         folder = run_folder(config)
         folder.mkdir(parents=True, exist_ok=True)
         run = f"-{config.train.run_id}" if config.train.run_id else ""  # runs launched together stay apart
