@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
@@ -52,19 +53,25 @@ def fsdp_run(root, ranks: int, *overrides: str, env=None, expect_success=True):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One process (no data parallelism) with the same global batch: its losses and its manifest."""
+    """One process (no data parallelism) with the same global batch: its losses, manifest and final weights."""
     root = tmp_path_factory.mktemp("one")
     config = single_process(train_config(root / "data", *SMALL, "train.batch_size=8"), root)
     write_token_corpus(config, SNAPSHOT)
     manifest = train(config, SNAPSHOT)
-    return losses(config, SNAPSHOT), manifest
+    final = whole_model_checkpoint(
+        DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"]
+    )
+    return losses(config, SNAPSHOT), manifest, final["model"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("ranks", "overrides"),
     [
-        (4, ()),
+        # HSDP 2x2 (torchtitan's dp_replicate x dp_shard mesh): each pair of ranks shards the model, the pairs
+        # all-reduce their shards' gradients; saved as DCP shards, which the final check reads into one model.
+        # Plain FSDP at 4 ranks trains in test_dcp's resume at 4 ranks.
+        (4, ("train.dp_replicate=2", "train.nproc_per_node=4", "train.checkpoint_format=dcp")),
         # Two micro-batches of 2 (the gradient sync on the last only), blocks recomputed in backward, and
         # parameters kept gathered from forward to backward: the same math.
         (
@@ -82,29 +89,34 @@ def one_process(tmp_path_factory):
         # Pipeline stages over a pp x dp_shard mesh: 2 stages, each sharded over 2 ranks (4 a micro-batch).
         (4, ("train.pp_degree=2", "train.nproc_per_node=4", "train.batch_size=4")),
     ],
-    ids=["4", "2-accumulate-recompute-keep-gathered", "2-bf16", "pp2-x-fsdp2"],
+    ids=["4-hsdp-2x2", "2-accumulate-recompute-keep-gathered", "2-bf16", "pp2-x-fsdp2"],
 )
 def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
-    expected, reference = one_process
+    expected, reference, final_weights = one_process
     config, _, _ = fsdp_run(tmp_path, ranks, *overrides)
     manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert manifest.extra["world_size"] == ranks and manifest.extra["data_parallel"] == "fsdp"
+    assert manifest.extra["dp_replicate"] == (2 if "train.dp_replicate=2" in overrides else 1)
     # The same windows per step, sharded parameters and optimizer: in fp32 only the float reduction order
     # differs.
     tolerance = {"rel": 2e-2} if "train.precision=bf16" in overrides else {"abs": 1e-4}
     assert losses(config, SNAPSHOT) == pytest.approx(expected, **tolerance)
     assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], **tolerance)
-    # The final checkpoint (a pipeline's: one shard per pp rank, merged) is the whole model, whole tensors.
+    # The final checkpoint (a pipeline's: one shard per pp rank, merged; HSDP's: each shard once, not once
+    # per replica) is the whole model, whole tensors: one process's final weights.
     state = whole_model_checkpoint(
         DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"]
     )
     GPT(GPTConfig(**state["model_config"])).load_state_dict(state["model"])
+    if "train.dp_replicate=2" in overrides:
+        for name, tensor in final_weights.items():
+            torch.testing.assert_close(state["model"][name], tensor, atol=1e-4, rtol=0, msg=name)
     assert expected[-1] < expected[0] - 0.5
 
 
 @pytest.mark.slow
 def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, tmp_path):
-    expected, _ = one_process
+    expected, _, _ = one_process
     config, path, output = fsdp_run(
         tmp_path, 2, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@4:rank=0:to=launcher"}, expect_success=False
     )
@@ -138,6 +150,17 @@ def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, t
         (["train.grad_compression=powersgd"], "train.grad_compression"),
         (["train.precision=fp16"], "train.precision"),
         (["train.pp_degree=2", "train.nproc_per_node=3"], "train.pp_degree"),
+        # HSDP: replicas that do not divide the ranks, replicas of DDP's whole model, HSDP inside stages.
+        (["train.dp_replicate=3", "train.nproc_per_node=4"], "train.dp_replicate=3 does not divide the 4"),
+        (
+            ["train.dp_replicate=2", "train.nnodes=2", "train.min_nnodes=1", "train.nproc_per_node=1"],
+            "min_nnodes",
+        ),
+        (["train.dp_replicate=2", "train.data_parallel=ddp"], "dp_replicate=2 replicates"),
+        (
+            ["train.dp_replicate=2", "train.pp_degree=2", "train.nproc_per_node=8"],
+            "dp_replicate=2 with train.pp_degree",
+        ),
     ],
 )
 def test_fsdp_refuses_what_it_cannot_run_when_the_config_loads(tmp_path, overrides, named):
