@@ -127,6 +127,15 @@ TRAINING_FORM: tuple[FormField, ...] = (
         "optimizer state sharded (FSDP2), for models whose training state does not fit one device.",
     ),
     FormField(
+        "dp_replicate",
+        "HSDP replicas",
+        "Parallelism",
+        "train.dp_replicate",
+        "fsdp only: 1 shards over every rank; R > 1 (HSDP) shards within R groups of ranks and replicates "
+        "across them, usually one group per node (R = nodes) when the model fits a node but links between "
+        "nodes are slow. Must divide the ranks.",
+    ),
+    FormField(
         "checkpoint_format",
         "Checkpoint format",
         "Parallelism",

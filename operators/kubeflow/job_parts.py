@@ -229,6 +229,12 @@ def job_metadata(
             f"pp={train.pp_degree} x dp={ranks // train.pp_degree}, {train.pp_schedule}, "
             f"pp_microbatches={train.pp_microbatch_count}, pp_virtual_stages={train.pp_virtual_stages}"
         )
+    if train.data_parallel == "fsdp" and train.dp_replicate > 1:
+        # HSDP: rows of dp_shard consecutive ranks (a node when dp_shard is nproc_per_node) shard the model.
+        ranks = train.nnodes * train.nproc_per_node
+        annotations["pretrain.dev/hsdp"] = (
+            f"dp_replicate={train.dp_replicate} x dp_shard={ranks // train.dp_replicate}"
+        )
     return labels, annotations
 
 

@@ -84,6 +84,14 @@ class TrainConfig(Section):
         "parameters, gradients and optimizer state sharded over ranks and gathered per block for compute; "
         "with train.pp_degree above 1 each applies within a stage's data-parallel ranks",
     )
+    dp_replicate: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="fsdp: HSDP, the data-parallel ranks as dp_replicate groups, each sharding the model "
+        "over its own ranks (nodes' fast links) and all-reducing its gradient shards with the other groups' "
+        "(the slow links between nodes); 1 shards over every rank (plain FSDP). Must divide the ranks",
+    )
     fsdp_reshard_after_forward: bool = Field(
         True,
         description="fsdp: free each block's gathered parameters after its forward and gather them again for "
@@ -208,10 +216,36 @@ class TrainConfig(Section):
             raise ValueError(problem)
         return self
 
-    def fsdp_problem(self) -> str | None:
-        """What FSDP cannot be combined with (naming the key), or None."""
+    def fsdp_problem(self, world_size: int | None = None) -> str | None:
+        """What FSDP cannot be combined with (naming the key), or None. ``world_size``: the ranks a launcher
+        started (checked by each rank before it builds anything); else nproc_per_node x nnodes."""
         if self.data_parallel != "fsdp":
+            if self.dp_replicate > 1:
+                return (
+                    f"train.dp_replicate={self.dp_replicate} replicates FSDP's shard groups (HSDP): it needs "
+                    f"train.data_parallel=fsdp, not {self.data_parallel} (which replicates on every rank)"
+                )
             return None
+        if self.dp_replicate > 1:
+            if self.pp_degree > 1:
+                return (
+                    f"train.dp_replicate={self.dp_replicate} with train.pp_degree={self.pp_degree}: HSDP "
+                    "within pipeline stages (pp x dp_replicate x dp_shard) is not built; use train.dp_replicate=1 "
+                    "(each stage sharded over its data-parallel ranks)"
+                )
+            ranks = world_size if world_size is not None else self.nproc_per_node * self.nnodes
+            where = "WORLD_SIZE" if world_size is not None else "train.nproc_per_node x train.nnodes"
+            if ranks % self.dp_replicate:
+                return f"train.dp_replicate={self.dp_replicate} does not divide the {ranks} ranks ({where})"
+            if (
+                world_size is None
+                and self.min_nnodes is not None
+                and (self.min_nnodes * self.nproc_per_node) % self.dp_replicate
+            ):
+                return (
+                    f"train.dp_replicate={self.dp_replicate} does not divide the "
+                    f"{self.min_nnodes * self.nproc_per_node} ranks of train.min_nnodes"
+                )
         if self.grad_compression != "none":
             return (
                 f"train.grad_compression={self.grad_compression} is a DDP communication hook; "

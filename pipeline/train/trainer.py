@@ -186,6 +186,8 @@ class Trainer(Stateful):
         config, train, ctx = self.config, self.train_config, self.ctx
         if train.pp_degree > 1 and (problem := train.pipeline_problem(ctx.world_size)):
             raise ConfigError(problem)
+        if train.dp_replicate > 1 and (problem := train.fsdp_problem(ctx.world_size)):
+            raise ConfigError(problem)
         self.device = ctx.device
         self.threads = set_rank_threads(train)
         if self.device.type == "cpu" and train.keep_host_memory and keep_freed_host_memory():
@@ -669,6 +671,7 @@ class Trainer(Stateful):
                     "pipeline": self.parallelism.layout(),
                     "precision": self.train_config.precision,
                     "data_parallel": self.train_config.data_parallel,
+                    "dp_replicate": self.train_config.dp_replicate,
                     "grad_compression": self.train_config.grad_compression,
                     "model_config": asdict(self.model_config),
                     "mlflow_run_id": self.metrics.mlflow_run_id,

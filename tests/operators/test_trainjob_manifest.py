@@ -178,6 +178,16 @@ def test_pipeline_job_carries_its_layout():
     assert (carried["pp_degree"], carried["pp_microbatches"]) == (2, 8)
 
 
+def test_hsdp_job_carries_its_mesh():
+    _, job = render(
+        "train.nnodes=2", "train.nproc_per_node=4", "train.data_parallel=fsdp", "train.dp_replicate=2"
+    )
+    assert job["metadata"]["annotations"]["pretrain.dev/hsdp"] == "dp_replicate=2 x dp_shard=4"
+    assert yaml.safe_load(env(job)[CONFIG_ENV])["train"]["dp_replicate"] == 2
+    _, plain = render("train.nnodes=2", "train.nproc_per_node=4", "train.data_parallel=fsdp")
+    assert "pretrain.dev/hsdp" not in plain["metadata"]["annotations"]
+
+
 def test_what_a_trainjob_cannot_express_fails_naming_each_setting():
     settings = KubernetesJobSettings().merged(
         {"min_nodes": 1, "max_nodes": 4, "restart_policy": "Never", "ttl_seconds_after_finished": 60}

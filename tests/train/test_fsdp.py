@@ -1,7 +1,7 @@
-"""FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 and 4 ranks, and pp=2 x fsdp=2, train the
+"""FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 ranks, HSDP 2x2 and pp=2 x fsdp=2, train the
 model one process trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format (under
-FSDP, and in one process without it), the layouts FSDP cannot run are refused when the config loads, and Muon under
-FSDP orthogonalises whole matrices."""
+FSDP, and in one process without it), HSDP's DCP checkpoint resumes in one process, the layouts FSDP and HSDP cannot
+run are refused when the config loads, and Muon under FSDP orthogonalises whole matrices."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.core.config import ConfigError
 from pipeline.core.storage import DatasetRef
 from pipeline.model import GPTConfig
-from pipeline.model.checkpoint import Checkpointer, whole_model_checkpoint
+from pipeline.model.checkpoint import Checkpointer, DistributedCheckpointer, whole_model_checkpoint
 from pipeline.model.gpt import GPT
 from pipeline.train.trainer import train
 from tests.conftest import make_config
@@ -52,19 +53,22 @@ def fsdp_run(root, ranks: int, *overrides: str, env=None, expect_success=True):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """One process (no data parallelism) with the same global batch: its losses and its manifest."""
+    """One process (no data parallelism) with the same global batch: its losses, manifest and final weights."""
     root = tmp_path_factory.mktemp("one")
     config = single_process(train_config(root / "data", *SMALL, "train.batch_size=8"), root)
     write_token_corpus(config, SNAPSHOT)
     manifest = train(config, SNAPSHOT)
-    return losses(config, SNAPSHOT), manifest
+    final = whole_model_checkpoint(
+        DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"]
+    )
+    return losses(config, SNAPSHOT), manifest, final["model"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("ranks", "overrides"),
     [
-        (4, ()),
+        # (4 ranks of plain FSDP train in test_dcp's resume at 4 ranks; 4 ranks here run HSDP 2x2, below.)
         # Two micro-batches of 2 (the gradient sync on the last only), blocks recomputed in backward, and
         # parameters kept gathered from forward to backward: the same math.
         (
@@ -82,13 +86,14 @@ def one_process(tmp_path_factory):
         # Pipeline stages over a pp x dp_shard mesh: 2 stages, each sharded over 2 ranks (4 a micro-batch).
         (4, ("train.pp_degree=2", "train.nproc_per_node=4", "train.batch_size=4")),
     ],
-    ids=["4", "2-accumulate-recompute-keep-gathered", "2-bf16", "pp2-x-fsdp2"],
+    ids=["2-accumulate-recompute-keep-gathered", "2-bf16", "pp2-x-fsdp2"],
 )
 def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
-    expected, reference = one_process
+    expected, reference, _ = one_process
     config, _, _ = fsdp_run(tmp_path, ranks, *overrides)
     manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert manifest.extra["world_size"] == ranks and manifest.extra["data_parallel"] == "fsdp"
+    assert manifest.extra["dp_replicate"] == 1
     # The same windows per step, sharded parameters and optimizer: in fp32 only the float reduction order
     # differs.
     tolerance = {"rel": 2e-2} if "train.precision=bf16" in overrides else {"abs": 1e-4}
@@ -103,8 +108,41 @@ def test_fsdp_trains_like_one_process(one_process, tmp_path, ranks, overrides):
 
 
 @pytest.mark.slow
+def test_hsdp_trains_like_one_process_and_its_dcp_checkpoint_resumes_in_one_process(one_process, tmp_path):
+    expected, reference, final_weights = one_process
+    # HSDP 2x2 (torchtitan's (dp_replicate, dp_shard) mesh): ranks {0,1} and {2,3} each shard the model, and
+    # the pairs all-reduce their gradient shards; preempted at step 4, after its DCP save.
+    hsdp = ("train.dp_replicate=2", "train.nproc_per_node=4", "train.checkpoint_format=dcp")
+    config, _, output = fsdp_run(
+        tmp_path, 4, *hsdp, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@4:rank=0:to=launcher"}, expect_success=False
+    )
+    folder = unfinished_run(config, SNAPSHOT) / "checkpoints"
+    checkpoints = DistributedCheckpointer(folder)
+    assert checkpoints.steps() == [3, 4], output[-5000:]
+    # Without the replicas' all-reduce each pair would train on its own half of the batch (a negative control
+    # by hand: sharding over the dp_shard dimension alone misses by up to 0.14).
+    assert losses(config, SNAPSHOT, staging=True) == pytest.approx(expected[:4], abs=1e-4)
+    # Each shard written once (by its first replica), read whole without a process group, as export reads it.
+    state = whole_model_checkpoint(checkpoints.path_for(4))
+    GPT(GPTConfig(**state["model_config"])).load_state_dict(state["model"])
+
+    # HSDP 2x2 -> one process without FSDP: the DTensor shards load as whole tensors, the data goes on at
+    # step 5, and the run ends with one process's losses, validation loss and weights.
+    one = single_process(
+        train_config(tmp_path / "data", *SMALL, "train.checkpoint_format=dcp", "train.batch_size=8"), tmp_path
+    )
+    manifest = train(one, SNAPSHOT)
+    assert manifest.rows["steps"] == 6
+    assert losses(one, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
+    assert manifest.extra["val_loss"] == pytest.approx(reference.extra["val_loss"], abs=1e-4)
+    final = whole_model_checkpoint(DatasetRef.of(one, "train", SNAPSHOT).path / manifest.extra["checkpoint"])
+    for name, tensor in final_weights.items():
+        torch.testing.assert_close(final["model"][name], tensor, atol=1e-4, rtol=0, msg=name)
+
+
+@pytest.mark.slow
 def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, tmp_path):
-    expected, _ = one_process
+    expected, _, _ = one_process
     config, path, output = fsdp_run(
         tmp_path, 2, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@4:rank=0:to=launcher"}, expect_success=False
     )
@@ -138,6 +176,17 @@ def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, t
         (["train.grad_compression=powersgd"], "train.grad_compression"),
         (["train.precision=fp16"], "train.precision"),
         (["train.pp_degree=2", "train.nproc_per_node=3"], "train.pp_degree"),
+        # HSDP: replicas that do not divide the ranks, replicas of DDP's whole model, HSDP inside stages.
+        (["train.dp_replicate=3", "train.nproc_per_node=4"], "train.dp_replicate=3 does not divide the 4"),
+        (
+            ["train.dp_replicate=2", "train.nnodes=2", "train.min_nnodes=1", "train.nproc_per_node=1"],
+            "min_nnodes",
+        ),
+        (["train.dp_replicate=2", "train.data_parallel=ddp"], "dp_replicate=2 replicates"),
+        (
+            ["train.dp_replicate=2", "train.pp_degree=2", "train.nproc_per_node=8"],
+            "dp_replicate=2 with train.pp_degree",
+        ),
     ],
 )
 def test_fsdp_refuses_what_it_cannot_run_when_the_config_loads(tmp_path, overrides, named):

@@ -296,7 +296,18 @@ class FullyShardedParallelism(DataParallelism):
         train = config.train
         self.compression = None
         self.ddp = None
-        self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
+        self.replicas = train.dp_replicate
+        if self.replicas > 1:
+            # HSDP, torchtitan's layout: a 2-D mesh whose rows each shard the model and whose columns hold
+            # replicas of one shard. fully_shard then reduce-scatters gradients within a row and all-reduces the
+            # shards across rows: the average over every rank, as plain FSDP's.
+            self.mesh = init_device_mesh(
+                ctx.device.type,
+                (self.replicas, ctx.world_size // self.replicas),
+                mesh_dim_names=("dp_replicate", "dp_shard"),
+            )
+        else:
+            self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
         fully_shard_model(model, self.mesh, train, precision)
         self.model = model
         self.module = model
@@ -337,6 +348,11 @@ class FullyShardedParallelism(DataParallelism):
         return {}
 
     def describe(self) -> str:
+        if self.replicas > 1:
+            return (
+                f"hybrid sharded (HSDP, FSDP2): {self.replicas} replicas x "
+                f"{self.ctx.world_size // self.replicas} shards"
+            )
         return f"fully sharded (FSDP2) over {self.ctx.world_size} ranks"
 
 
@@ -356,7 +372,8 @@ def local_shards(named: Iterator[tuple[str, nn.Parameter]]) -> Iterator[tuple[st
 
 def fully_shard_model(model: GPT, mesh: Any, train: Any, precision: MixedPrecision) -> None:
     """``fully_shard`` every block of ``model`` (a whole model or a pipeline stage's part), then the model
-    itself, over ``mesh`` (one dimension: the ranks that shard it), torchtitan's pattern."""
+    itself, over ``mesh`` (one dimension: the ranks that shard it; two, (dp_replicate, dp_shard): HSDP),
+    torchtitan's pattern."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(
