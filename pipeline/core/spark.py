@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.config import ConfigError, CoreConfig
 from pipeline.core.manifest import DamagedInputError
@@ -274,6 +274,29 @@ def aggregate(df: DataFrame, *columns: Column) -> Row:
     return row
 
 
+class JobCount:
+    """The Spark jobs a block ran (``counted_jobs``): ``jobs`` once the block is over."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+
+
+@contextlib.contextmanager
+def counted_jobs(spark: SparkSession) -> Iterator[JobCount]:
+    """How many Spark jobs the block runs in ``spark``'s local JVM: the status tracker's job ids are numbered
+    in order per SparkContext, so the block's jobs are the newest id after it less the newest before. A stage's
+    small jobs are most of its cost on a small input, so this is what a stage's job ceiling checks
+    (``benchmarks/spark_jobs.py``). Not for a Spark Connect session, whose jobs run in the server."""
+    tracker = spark.sparkContext.statusTracker()
+
+    def newest() -> int:
+        return max(tracker.getJobIdsForGroup(None), default=-1)
+
+    count, before = JobCount(), newest()
+    yield count
+    count.jobs = newest() - before
+
+
 def map_in_arrow(df: DataFrame, body, schema) -> DataFrame:
     """``df.mapInArrow(body, schema)``, with each task's Python worker heap frozen first.
 
@@ -293,6 +316,40 @@ def map_in_arrow(df: DataFrame, body, schema) -> DataFrame:
     return df.mapInArrow(frozen, schema)
 
 
+class _FileWriter:
+    """One task's Parquet file of a dataset: ``part-<partition>.parquet``, written under a temporary name and
+    renamed when complete. Partition 0 writes a file even with no rows, so an empty dataset keeps its schema."""
+
+    def __init__(self, folder: str, arrow_schema, partition: int, attempt: int) -> None:
+        import os
+
+        self.arrow_schema = arrow_schema
+        self.partition = partition
+        self.target = os.path.join(folder, f"part-{partition:05d}.parquet")
+        self.temporary = f"{self.target}.{attempt}.tmp"
+        self.rows = 0
+        self.writer: Any = None
+
+    def write(self, batch) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.temporary, self.arrow_schema, compression="zstd")
+        self.writer.write_batch(batch.cast(self.arrow_schema) if batch.schema != self.arrow_schema else batch)
+        self.rows += batch.num_rows
+
+    def close(self) -> int:
+        import os
+
+        if self.writer is None and self.partition == 0:
+            _write_empty(self.temporary, self.arrow_schema)
+            os.replace(self.temporary, self.target)
+        elif self.writer is not None:
+            self.writer.close()
+            os.replace(self.temporary, self.target)
+        return self.rows
+
+
 def write_parquet(
     df: DataFrame,
     path: Path,
@@ -309,7 +366,6 @@ def write_parquet(
     in JVM hash-set order, which changes between JVM runs. Returns the number of rows written.
     ``known_rows=0`` (the caller has counted them) writes the empty dataset without a Spark job.
     """
-    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     path.mkdir(parents=True, exist_ok=False)
@@ -320,38 +376,137 @@ def write_parquet(
         return 0
 
     def write_partition(batches):
-        import os
-
-        import pyarrow.parquet as pq
+        import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
-        target = os.path.join(folder, f"part-{partition:05d}.parquet")
-        temporary = f"{target}.{TaskContext.get().taskAttemptId()}.tmp"
-        rows = 0
-        writer = None
+        task = TaskContext.get()
+        file = _FileWriter(folder, arrow_schema, task.partitionId(), task.taskAttemptId())
         for batch in batches:
-            if writer is None:
-                writer = pq.ParquetWriter(temporary, arrow_schema, compression="zstd")
-            writer.write_batch(batch.cast(arrow_schema) if batch.schema != arrow_schema else batch)
-            rows += batch.num_rows
-        if writer is None and partition == 0:
-            _write_empty(temporary, arrow_schema)  # keep the schema readable when the dataset is empty
-            os.replace(temporary, target)
-        elif writer is not None:
-            writer.close()
-            os.replace(temporary, target)
-        yield pa.RecordBatch.from_pydict({"rows": [rows]})
+            file.write(batch)
+        yield pa.RecordBatch.from_pydict({"rows": [file.close()]})
 
     ordered = df.repartition(num_files, key).sortWithinPartitions(key, *tiebreak)
     # One row per task, summed here: an aggregation in Spark would add a job to every write.
     written = sum(row["rows"] for row in map_in_arrow(ordered, write_partition, "rows long").collect())
+    _check_written(path, arrow_schema, written, known_rows)
+    return written
+
+
+def _check_written(path: Path, arrow_schema, written: int, known_rows: int | None) -> None:
     if written == 0 and not any(path.glob("*.parquet")):
-        # A DataFrame with no partition at all never runs write_partition: keep the schema readable anyway.
+        # A DataFrame with no partition at all never runs a task: keep the schema readable anyway.
         _write_empty(path / "part-00000.parquet", arrow_schema)
     if known_rows is not None and written != known_rows:
         raise RuntimeError(f"{path}: wrote {written} rows, {known_rows} were counted")
-    return written
+
+
+def write_parquet_parts(
+    df: DataFrame,
+    parts: Sequence[tuple[Path, Column, Sequence[str | Column], int | None]],
+    num_files: int,
+    key: str = "id",
+    tiebreak: tuple[str, ...] = (),
+) -> list[int]:
+    """Several datasets from one frame in one Spark job, each as ``write_parquet`` writes it (the same bytes).
+
+    ``parts``: (path, the condition that selects its rows of ``df``, its columns or expressions, its row count
+    when the caller has it: 0 writes it without a job). ``key`` and ``tiebreak`` name columns of ``df`` that
+    every part shares. Rows are partitioned and sorted once; each task writes its file of every part. Each
+    part's rows reach its file in batches of ``spark.sql.execution.arrow.maxRecordsPerBatch``, as they would
+    through ``write_parquet``. Returns the row counts, in the order of ``parts``.
+    """
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    written: list[int | None] = [None] * len(parts)
+    pending: list[tuple[int, Path, Column, Sequence[str | Column], int | None]] = []
+    for index, (path, where, columns, known_rows) in enumerate(parts):
+        if known_rows == 0:
+            written[index] = write_parquet(
+                df.where(where).select(*columns), path, num_files, key, known_rows=0
+            )
+        else:
+            pending.append((index, path, where, columns, known_rows))
+    if len(pending) == 1:
+        index, path, where, columns, known_rows = pending[0]
+        written[index] = write_parquet(
+            df.where(where).select(*columns), path, num_files, key, tiebreak, known_rows
+        )
+    elif pending:
+        schemas = [
+            to_arrow_schema(df.where(where).select(*columns).schema, timezone="UTC")
+            for _, _, where, columns, _ in pending
+        ]
+        for _, path, _, _, _ in pending:
+            path.mkdir(parents=True, exist_ok=False)
+        folders = [str(path) for _, path, _, _, _ in pending]
+        batch_rows = int(df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") or 10000)
+        # A part's row is a struct, null in the rows that belong to another part: the shuffle carries each
+        # row once, beside its key.
+        combined = df.select(
+            F.col(key).alias("_key"),
+            *[F.col(name).alias(f"_tiebreak{i}") for i, name in enumerate(tiebreak)],
+            *[
+                F.when(where, F.struct(*columns)).alias(f"_part{i}")
+                for i, (_, _, where, columns, _) in enumerate(pending)
+            ],
+        )
+        ordered = combined.repartition(num_files, "_key").sortWithinPartitions(
+            "_key", *[f"_tiebreak{i}" for i in range(len(tiebreak))]
+        )
+
+        def write_partition(batches):
+            import pyarrow.compute as pc
+            from pyspark import TaskContext
+
+            task = TaskContext.get()
+            files = [
+                _FileWriter(folder, schema, task.partitionId(), task.taskAttemptId())
+                for folder, schema in zip(folders, schemas, strict=True)
+            ]
+            held: list[list] = [[] for _ in files]
+            for batch in batches:
+                for part, file in enumerate(files):
+                    column = batch.column(f"_part{part}")
+                    rows = pa.RecordBatch.from_struct_array(pc.filter(column, column.is_valid()))
+                    if rows.num_rows:
+                        held[part].append(rows)
+                    _write_full_batches(file, held[part], batch_rows, final=False)
+            for part, file in enumerate(files):
+                _write_full_batches(file, held[part], batch_rows, final=True)
+            yield pa.RecordBatch.from_pydict(
+                {f"rows{part}": [file.close()] for part, file in enumerate(files)}
+            )
+
+        schema = ", ".join(f"rows{part} long" for part in range(len(pending)))
+        counts = map_in_arrow(ordered, write_partition, schema).collect()
+        for part, (index, path, _, _, known_rows) in enumerate(pending):
+            total = sum(row[f"rows{part}"] for row in counts)
+            _check_written(path, schemas[part], total, known_rows)
+            written[index] = total
+    return [int(count or 0) for count in written]
+
+
+def _write_full_batches(file: _FileWriter, held: list, batch_rows: int, final: bool) -> None:
+    """Write ``held``'s rows in batches of ``batch_rows`` (and, when ``final``, the rest), leaving the rest held."""
+    import pyarrow as pa
+
+    total = sum(batch.num_rows for batch in held)
+    if total < batch_rows and not (final and total):
+        return
+    table = pa.Table.from_batches(held)
+    held.clear()
+    start = 0
+    while total - start >= batch_rows:
+        file.write(table.slice(start, batch_rows).combine_chunks().to_batches()[0])
+        start += batch_rows
+    if start < total:
+        rest = table.slice(start).combine_chunks().to_batches()
+        if final:
+            file.write(rest[0])
+        else:
+            held.extend(rest)
 
 
 def _write_empty(target, arrow_schema) -> None:

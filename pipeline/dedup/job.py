@@ -68,6 +68,8 @@ URL_DUPLICATE = "url_duplicate"
 EXACT_DUPLICATE = "exact_duplicate"
 NEAR_DUPLICATE = "near_duplicate"
 NULL_TEXT = "null_text"
+# Every drop_reason a decision can carry, in the order the rules apply.
+DROP_REASONS = (URL_DUPLICATE, EXACT_DUPLICATE, NEAR_DUPLICATE, SEMANTIC_DUPLICATE, EARLIER_DUPLICATE)
 
 FEATURES_SCHEMA = pa.schema(
     [
@@ -454,26 +456,46 @@ def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) 
 
 
 def _summary(decisions: DataFrame, null_text: int) -> dict:
-    """Documents and bytes per reason, and cluster counts, from the (small) decisions table."""
+    """Documents and bytes per reason, and cluster counts, from the (small) decisions table in one job's pass:
+    grouped by cluster (a removed document's representative; every other row in one null group), then summed."""
     from pyspark.sql import functions as F
 
-    rows = decisions.groupBy("drop_reason").agg(
-        F.count(F.lit(1)).alias("documents"),
-        F.sum("n_bytes").alias("bytes"),
-        F.sum("n_chars").alias("chars"),
+    reason = F.col("drop_reason")
+    outcomes = {
+        "kept": reason.isNull(),
+        **{name: reason == F.lit(name) for name in DROP_REASONS},
+    }
+    in_cluster = reason.isNotNull() & (reason != F.lit(EARLIER_DUPLICATE))
+    measures = {"documents": F.lit(1), "bytes": F.col("n_bytes"), "chars": F.col("n_chars")}
+    per_cluster = decisions.groupBy(F.when(in_cluster, F.col("representative_id")).alias("cluster")).agg(
+        F.count(F.lit(1)).alias("members"),
+        *[
+            F.sum(F.when(where, value)).alias(f"{outcome}_{measure}")
+            for outcome, where in outcomes.items()
+            for measure, value in measures.items()
+        ],
+    )
+    totals = aggregate(
+        per_cluster,
+        F.sum("members").alias("rows"),
+        F.count("cluster").alias("clusters"),
+        F.max(F.when(F.col("cluster").isNotNull(), F.col("members"))).alias("largest"),
+        *[
+            F.sum(f"{outcome}_{measure}").alias(f"{outcome}_{measure}")
+            for outcome in outcomes
+            for measure in measures
+        ],
     )
     per_reason = {
-        row["drop_reason"] or "kept": (int(row["documents"]), int(row["bytes"] or 0), int(row["chars"] or 0))
-        for row in rows.collect()
+        outcome: tuple(int(totals[f"{outcome}_{measure}"] or 0) for measure in measures)
+        for outcome in outcomes
+        if totals[f"{outcome}_documents"]
     }
+    if sum(counts[0] for counts in per_reason.values()) != (totals["rows"] or 0):
+        raise RuntimeError(f"dedup decisions carry a drop_reason outside {DROP_REASONS}")
     if null_text:
         per_reason[NULL_TEXT] = (null_text, 0, 0)
-    cluster_sizes = (
-        decisions.where(F.col("drop_reason").isNotNull() & (F.col("drop_reason") != F.lit(EARLIER_DUPLICATE)))
-        .groupBy("representative_id")
-        .count()
-    )
-    clusters = aggregate(cluster_sizes, F.count(F.lit(1)).alias("clusters"), F.max("count").alias("largest"))
+    clusters = {"clusters": totals["clusters"], "largest": totals["largest"]}
     kept_documents, kept_bytes, kept_chars = per_reason.pop("kept", (0, 0, 0))
     dropped = {reason: per_reason[reason][0] for reason in sorted(per_reason)}
     dropped_bytes = {reason: per_reason[reason][1] for reason in sorted(per_reason)}

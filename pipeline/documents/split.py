@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.spark import write_parquet
+from pipeline.core.spark import write_parquet_parts
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -44,17 +44,16 @@ def write_split(
 
     if document_columns is None:
         document_columns = [name for name in decided.columns if name != reason]
-    kept = write_parquet(
-        decided.where(F.col(reason).isNull()).select(*document_columns),
-        path / DOCUMENTS,
+    if excluded_columns is None:
+        excluded_columns = decided.columns
+    # Both folders in one Spark job: on a small snapshot a stage's time is mostly its number of jobs.
+    kept, excluded = write_parquet_parts(
+        decided,
+        [
+            (path / DOCUMENTS, F.col(reason).isNull(), document_columns, kept_rows),
+            (path / EXCLUDED, F.col(reason).isNotNull(), excluded_columns, excluded_rows),
+        ],
         num_files,
         tiebreak=tiebreak,
-        known_rows=kept_rows,
-    )
-    excluded_frame = decided.where(F.col(reason).isNotNull())
-    if excluded_columns is not None:
-        excluded_frame = excluded_frame.select(*excluded_columns)
-    excluded = write_parquet(
-        excluded_frame, path / EXCLUDED, num_files, tiebreak=tiebreak, known_rows=excluded_rows
     )
     return kept, excluded

@@ -138,7 +138,13 @@ class Coverage:
 def coverage(docs: DataFrame) -> Coverage:
     from pyspark.sql import functions as F
 
-    totals = aggregate(docs, F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
+    # One pass for the totals and the length quantiles: on a small corpus each Spark job is most of the cost.
+    totals = aggregate(
+        docs,
+        F.count("*").alias("documents"),
+        F.sum("n_chars").alias("characters"),
+        F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q"),
+    )
     per_domain = (
         docs.groupBy("domain")
         .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
@@ -150,9 +156,7 @@ def coverage(docs: DataFrame) -> Coverage:
         if "lang" in docs.columns
         else {}
     )
-    length_quantiles = aggregate(
-        docs, F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q")
-    )["q"]
+    length_quantiles = totals["q"]
     return Coverage(
         documents=int(totals["documents"]),
         characters=int(totals["characters"] or 0),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.core.spark import map_in_arrow, spark_session
@@ -77,6 +78,73 @@ def test_write_parquet_bytes_depend_on_the_rows_only_and_an_empty_dataset_has_on
 
     with pytest.raises(RuntimeError, match="wrote 500 rows, 499 were counted"):
         write_parquet(df, tmp_path / "miscounted", 3, known_rows=499)
+
+
+@pytest.mark.slow
+def test_write_parquet_parts_writes_what_separate_writes_write_in_fewer_jobs(tmp_path):
+    """Random rows (several Arrow batches per file, ties on the key, an expression column, timestamps and a
+    struct) split two ways in one job give the bytes of one ``write_parquet`` per part, whose jobs
+    ``counted_jobs`` counts; a part known to be empty is written without rows, and a miscount fails."""
+    import datetime
+    import hashlib
+    import random
+
+    from pyspark.sql import functions as F
+
+    from pipeline.core.spark import counted_jobs, write_parquet, write_parquet_parts
+
+    rng = random.Random(11)
+    start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    rows = [
+        (
+            f"{rng.getrandbits(12):04x}",  # about 4,000 keys for 6,000 rows: many ties
+            unique,  # the tiebreak: the same (key, tiebreak) twice would leave the order to the sort
+            start + datetime.timedelta(seconds=rng.randrange(10**6)),
+            (rng.random(), "y" * rng.randrange(5)),
+            rng.choice([None, None, "short", "junk"]),
+        )
+        for unique in rng.sample(range(10**6), 6000)
+    ]
+    spark = spark_session(make_config(tmp_path), "test-core-spark")
+    df = spark.createDataFrame(
+        rows, "id string, n long, at timestamp, detail struct<score: double, tag: string>, reason string"
+    ).repartition(5)
+    kept = (F.col("reason").isNull(), ["id", "n", "at", "detail"])
+    dropped = (F.col("reason").isNotNull(), ["id", "n", (F.col("n") * 2).alias("twice"), "reason"])
+
+    def digests(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.parquet"))}
+
+    with counted_jobs(spark) as separate:
+        expected = [
+            write_parquet(df.where(where).select(*columns), tmp_path / f"separate-{name}", 2, tiebreak=("n",))
+            for name, (where, columns) in (("kept", kept), ("dropped", dropped))
+        ]
+    with counted_jobs(spark) as together:
+        written = write_parquet_parts(
+            df,
+            [
+                (tmp_path / f"together-{name}", where, columns, None)
+                for name, (where, columns) in (("kept", kept), ("dropped", dropped))
+            ],
+            2,
+            tiebreak=("n",),
+        )
+    assert written == expected and sum(written) == 6000 and min(written) > 2000
+    for name in ("kept", "dropped"):
+        assert digests(tmp_path / f"together-{name}") == digests(tmp_path / f"separate-{name}"), name
+        assert len(digests(tmp_path / f"together-{name}")) == 2
+    assert 0 < together.jobs < separate.jobs, (together.jobs, separate.jobs)
+
+    nothing = F.col("n") < 0
+    assert write_parquet_parts(
+        df, [(tmp_path / "a", kept[0], kept[1], None), (tmp_path / "none", nothing, ["id"], 0)], 2
+    ) == [expected[0], 0]
+    assert pq.read_table(tmp_path / "none").num_rows == 0
+    with pytest.raises(RuntimeError, match=f"wrote {expected[1]} rows, 5 were counted"):
+        write_parquet_parts(
+            df, [(tmp_path / "b", kept[0], kept[1], None), (tmp_path / "c", dropped[0], dropped[1], 5)], 2
+        )
 
 
 SESSION_SCRIPT = """

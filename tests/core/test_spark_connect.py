@@ -5,7 +5,8 @@ through ingest, clean (with a URL blocklist: a shared file instead of a broadcas
 count without an accumulator), classify (a small fastText model; its loads counted in a column) and
 decontaminate (its whole-index path) twice: in this process in local mode
 (snapshot ``local``), and as each stage's own process attached to the session's server with ``SPARK_REMOTE``
-(snapshot ``connect``), as an Airflow worker or a shell with the variable set runs them. Both runs share one
+(snapshot ``connect``), as an Airflow worker or a shell with the variable set runs them. The local run also counts
+each stage's Spark jobs against a recorded ceiling (``JOB_CEILINGS``). Both runs share one
 data root and one config file. And ``pretrain spark-server`` starts, prints the URL a session attaches to,
 and stops on SIGINT.
 """
@@ -27,7 +28,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.core.config import ConfigError
 from pipeline.core.manifest import MANIFEST_NAME, Manifest
-from pipeline.core.spark import remote_url
+from pipeline.core.spark import counted_jobs, remote_url, spark_session
 from pipeline.core.storage import DatasetRef
 from tests.classify.texts import junk_documents, wikipedia_extracts
 from tests.conftest import make_config
@@ -40,6 +41,9 @@ CHAIN = (
     ("classify", "dedup"),
     ("decontaminate", "classify"),
 )
+# The Spark jobs each stage runs in local mode on this corpus (pipeline.core.spark.counted_jobs; the same every
+# run): on a small snapshot a stage's time is mostly its jobs, so a change that adds some must say why here.
+JOB_CEILINGS = {"ingest": 6, "clean": 6, "dedup": 47, "classify": 8, "decontaminate": 24}
 SUBMIT_CONF = ("spark.ui.enabled=false", "spark.driver.host=127.0.0.1", "spark.driver.bindAddress=127.0.0.1")
 QUESTION = (
     "which river carries more water into the sea than any other river on earth during the rainy months "
@@ -152,8 +156,11 @@ def test_the_stages_through_the_server_write_what_local_mode_writes(spark_connec
     config = make_config(tmp_path / "data", *overrides)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config.to_yaml())
+    jobs = {}
     for stage, input_stage in CHAIN:
-        run_locally(config, stage, input_stage, "local")
+        with counted_jobs(spark_session(config, "local")) as count:
+            run_locally(config, stage, input_stage, "local")
+        jobs[stage] = count.jobs
     for stage, input_stage in CHAIN:
         run_through_server(spark_connect.url, stage, input_stage, "connect", config_file)
     # Each of those processes attached (its own ECS log file says so) instead of starting a JVM of its own.
@@ -183,6 +190,9 @@ def test_the_stages_through_the_server_write_what_local_mode_writes(spark_connec
     assert expected.counters["dropped"], "the planted question is found"
     clean = Manifest.read(DatasetRef.of(config, "clean", "local").path / MANIFEST_NAME).counters
     assert any("url" in reason for reason in clean["dropped"]), clean["dropped"]
+    assert all(jobs[stage] <= JOB_CEILINGS[stage] for stage in jobs), (
+        f"Spark jobs {jobs}, ceilings {JOB_CEILINGS}"
+    )
 
 
 def free_port() -> int:

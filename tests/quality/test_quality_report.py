@@ -103,6 +103,9 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
     assert metrics == manifest.extra["metrics"]
     assert metrics["documents"] == len(documents) == metrics["sampled_documents"]
     assert metrics["characters"] == sum(len(d["text"]) for d in documents)
+    # Spark's exact percentile interpolates linearly between ranks, as numpy's default does.
+    lengths = [len(d["text"]) for d in documents]
+    assert metrics["length_p10_p50_p90_p99"] == pytest.approx(list(np.percentile(lengths, [10, 50, 90, 99])))
     assert metrics["hosts"] == 1 and metrics["host_herfindahl_index"] == 1.0
     words = [re.findall(r"\w+", d["text"].lower()) for d in documents]
     unigrams = [w for ws in words for w in ws]
