@@ -1,10 +1,16 @@
 """Benchmarks run in their smoke mode: the same code path on the smallest input, so a change that breaks a
 benchmark (and leaves its figures in benchmarks/RESULTS.md unreproducible) fails here. The figures a smoke run
-prints mean nothing; only that it runs to its JSON line."""
+prints mean nothing; only that it runs to its JSON line.
+
+The Spark benchmarks attach to the session's warm Spark Connect server (``SPARK_REMOTE``, as a user's shell
+with a server does), so each of their Spark processes starts no JVM of its own: what a smoke run checks is
+the benchmark's code, and the stages write the same bytes either way (tests/core/test_spark_connect.py);
+local mode stays tested by the stage modules and the end-to-end test."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_benchmark(script: str, *arguments: str) -> dict:
+def run_benchmark(script: str, *arguments: str, remote: str | None = None) -> dict:
+    """``remote``: a Spark Connect server the benchmark's Spark sessions attach to."""
+    env = {**os.environ, "SPARK_REMOTE": remote} if remote else None
     finished = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *arguments],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
+        env=env,
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     return json.loads(finished.stdout.strip().splitlines()[-1])
@@ -80,30 +89,30 @@ def baseline_ran_or_said_why(result: dict, module: str) -> bool:
 
 
 @pytest.mark.slow
-def test_tokenize_shards_runs_the_stage_and_the_raw_encoder():
-    result = run_benchmark("tokenize_shards.py", "--smoke")
+def test_tokenize_shards_runs_the_stage_and_the_raw_encoder(spark_connect):
+    result = run_benchmark("tokenize_shards.py", "--smoke", remote=spark_connect.url)
     assert result["tokens"] > 0 and result["documents"] > 0 and result["raw_tokens"] > 0
     assert result["spark_encode_tokens_per_s"] > 0 and result["tokens_per_s_ratio_vs_raw"] > 0
 
 
 @pytest.mark.slow
-def test_classify_scores_and_decontaminates_like_the_plain_loops():
-    result = run_benchmark("classify.py", "--smoke")
+def test_classify_scores_and_decontaminates_like_the_plain_loops(spark_connect):
+    result = run_benchmark("classify.py", "--smoke", remote=spark_connect.url)
     assert result["documents"] == 200 and result["scores_identical"]
     assert 0.5 < result["classifier_auc"] <= 1 and result["docs_per_s_ratio_vs_fasttext_loop"] > 0
     assert result["decontam_flagged"] == result["decontam_reference_flagged"]
 
 
 @pytest.mark.slow
-def test_clean_runs_our_stage_and_datatrove_where_it_imports(tmp_path):
-    result = run_benchmark("clean.py", "--smoke", "--out", str(tmp_path))
+def test_clean_runs_our_stage_and_datatrove_where_it_imports(spark_connect, tmp_path):
+    result = run_benchmark("clean.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert result["docs"] == 60 and result["ours_docs_per_s"] > 0 and 0 < result["ours_kept"] < 60
     assert baseline_ran_or_said_why(result, "datatrove")
 
 
 @pytest.mark.slow
-def test_ingest_reads_both_formats_and_cleans_them(tmp_path):
-    result = run_benchmark("ingest.py", "--smoke", "--out", str(tmp_path))
+def test_ingest_reads_both_formats_and_cleans_them(spark_connect, tmp_path):
+    result = run_benchmark("ingest.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert baseline_ran_or_said_why(result, "datatrove")
     for fmt in ("wet", "parquet"):
         assert result[fmt]["ours_docs_per_s"] > 0
@@ -112,8 +121,8 @@ def test_ingest_reads_both_formats_and_cleans_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_dedup_finds_the_planted_copies(tmp_path):
-    result = run_benchmark("dedup.py", "--smoke", "--out", str(tmp_path))
+def test_dedup_finds_the_planted_copies(spark_connect, tmp_path):
+    result = run_benchmark("dedup.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert result["docs"] == 200 and result["docs_per_s"] > 0
     assert baseline_ran_or_said_why(result, "datatrove")
     if "precision" in result:
@@ -129,14 +138,14 @@ def test_pipeline_parallel_runs_every_schedule_on_two_ranks():
 
 
 @pytest.mark.slow
-def test_mixture_blends_sources_and_dedups_against_stored_history(tmp_path):
-    result = run_benchmark("mixture.py", "--smoke", "--out", str(tmp_path))
+def test_mixture_blends_sources_and_dedups_against_stored_history(spark_connect, tmp_path):
+    result = run_benchmark("mixture.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert result["docs_per_snapshot"] == 50 and result["mixture_loader_tokens_per_s_ratio"] > 0
     assert result["earlier_duplicates_against_16"] >= result["earlier_duplicates_against_1"] > 0
 
 
 @pytest.mark.slow
-def test_quality_runs_the_stage_at_both_sizes(tmp_path):
-    result = run_benchmark("quality.py", "--smoke", "--out", str(tmp_path))
+def test_quality_runs_the_stage_at_both_sizes(spark_connect, tmp_path):
+    result = run_benchmark("quality.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert result["docs_1x"] == 40 and result["sample_docs"] == 20
     assert result["time_growth_4x"] > 0 and result["driver_peak_mb_growth_4x"] > 0
