@@ -24,6 +24,13 @@ beside the default, so the decision accuracy of both is in one run.
     .venv/bin/python benchmarks/ablate.py --quick    # ladder 0%/50%, the recipe at one size: < 10 min
     .venv/bin/python benchmarks/ablate.py            # the whole ladder, three sizes, A/A pool, classifier
     .venv/bin/python benchmarks/ablate.py --checks recipe    # the three sizes only (no A/A controls)
+    .venv/bin/python benchmarks/ablate.py --smoke    # ladder 0%/50% and the recipe, tiny: a test runs it
+
+``--smoke`` (tests/benchmarks/test_smoke.py) is the same code path on the smallest input: the ladder's two
+rungs and the recipe at one size, two seeds, no A/A control or classifier unless asked, a few thousand tokens
+per training; its figures mean nothing. What a run costs is its processes and Spark jobs, not its tokens:
+every variant's corpus stages (a chain of small Spark jobs each; with ``SPARK_REMOTE`` set they attach to a
+warm Spark Connect server instead of starting a JVM) and every training (a torchrun process).
 
 The last line printed is one JSON object.
 """
@@ -45,7 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests/ablate/corpus.py (not installed).
 sys.path[0] = str(ROOT)
 
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
+
 REFERENCE_DOCUMENTS = 120  # held-out documents: more of them shrink the document share of the noise
+SMOKE_REFERENCE_DOCUMENTS = 20
 CLASSIFIER = "rules+dedup+classifier"
 CLASSIFIER_MODEL = "quality"  # the train_classifier snapshot the variant scores with
 CALIBRATION_KEEP = 0.95  # the classifier's threshold keeps this share of unseen prose
@@ -112,11 +122,12 @@ def ladder_check(
     proxy: list[str] | None,
     name: str,
     parallel: int,
+    reference_documents: int = REFERENCE_DOCUMENTS,
 ) -> dict[str, Any]:
     from pipeline.ablate.compare import REFERENCE, paired
     from tests.ablate.corpus import ladder, rung_overrides
 
-    built = ladder(folder / "ladder-source", slots=slots, reference_documents=REFERENCE_DOCUMENTS)
+    built = ladder(folder / "ladder-source", slots=slots, reference_documents=reference_documents)
     ingest(folder, built.corpus, "ladder", common)
     spec_data: dict[str, Any] = {
         "name": name,
@@ -237,6 +248,7 @@ def recipe_check(
     parallel: int,
     classifier: list[str] | None,
     control: bool,
+    reference_documents: int = REFERENCE_DOCUMENTS,
 ) -> dict[str, Any]:
     from pipeline.ablate.compare import REFERENCE, diagnosis, paired
     from tests.ablate.corpus import build
@@ -245,7 +257,7 @@ def recipe_check(
     # something left to find (and rules+dedup has that much junk left against none).
     salad = classifier is not None
     name = f"recipe-{pages}" + ("-salad" if salad else "")
-    built = build(folder / name, pages=pages, reference_documents=REFERENCE_DOCUMENTS, salad=salad)
+    built = build(folder / name, pages=pages, reference_documents=reference_documents, salad=salad)
     snapshot = name
     ingest(folder, built.corpus, snapshot, common)
     spec, comparison = run(
@@ -340,13 +352,15 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="ladder 0%%/50%%, the recipe at one size, under 10 min"
     )
+    add_smoke_flag(parser)
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary folder)")
     parser.add_argument("--parallel", type=int, default=2, help="trainings side by side (default 2)")
     parser.add_argument("--old-proxy", action="store_true", help="also run the ladder with the old proxy")
     parser.add_argument(
         "--checks",
-        default="ladder,recipe,aa",
-        help="which checks, comma-separated (default all); without aa the recipe trains no A/A control",
+        default=None,
+        help="which checks, comma-separated (default all; --smoke: ladder,recipe); without aa the recipe "
+        "trains no A/A control",
     )
     parser.add_argument(
         "--classifier",
@@ -356,10 +370,10 @@ def main() -> int:
         "(default: in the full run, not in --quick)",
     )
     args = parser.parse_args()
-    checks = set(args.checks.split(","))
+    checks = set((args.checks or ("ladder,recipe" if args.smoke else "ladder,recipe,aa")).split(","))
     if not checks <= {"ladder", "recipe", "aa"}:
         parser.error(f"--checks: ladder, recipe and aa only, not {sorted(checks)}")
-    with_classifier = (not args.quick) if args.classifier is None else args.classifier
+    with_classifier = (not (args.quick or args.smoke)) if args.classifier is None else args.classifier
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-ablate-"))
     common = [
@@ -369,7 +383,13 @@ def main() -> int:
         *__import__("tests.ablate.corpus", fromlist=["PROXY"]).PROXY,
     ]
     started = time.monotonic()
-    if args.quick:
+    seeds = [0, 1, 2]
+    tokens_per_page = 150  # about one epoch of what rules+dedup keeps of the constructed corpus
+    reference_documents = REFERENCE_DOCUMENTS
+    if args.smoke:  # 2 seeds: the fewest the paired test takes; 16 training steps of 512 tokens each
+        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [40], 40, 8_192
+        seeds, tokens_per_page, reference_documents = [0, 1], 200, SMOKE_REFERENCE_DOCUMENTS
+    elif args.quick:
         rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [600], 320, 160_000
     else:
         rungs, sizes, slots, ladder_tokens = (
@@ -378,24 +398,50 @@ def main() -> int:
             800,
             240_000,
         )
-    seeds = [0, 1, 2]
-    tokens_per_page = 150  # about one epoch of what rules+dedup keeps of the constructed corpus
-    result: dict[str, Any] = {"quick": args.quick, "checks": sorted(checks)}
+    result: dict[str, Any] = {"quick": args.quick, "smoke": args.smoke, "checks": sorted(checks)}
     ladder: dict[str, Any] = {}
     if "ladder" in checks:
         ladder = ladder_check(
-            folder, common, rungs, seeds, ladder_tokens, slots, None, "ladder", args.parallel
+            folder,
+            common,
+            rungs,
+            seeds,
+            ladder_tokens,
+            slots,
+            None,
+            "ladder",
+            args.parallel,
+            reference_documents,
         )
         result["ladder"] = ladder
     if args.old_proxy and "ladder" in checks:
         result["ladder_old_proxy"] = ladder_check(
-            folder, common, rungs, seeds, ladder_tokens, slots, OLD_PROXY, "ladder-old", args.parallel
+            folder,
+            common,
+            rungs,
+            seeds,
+            ladder_tokens,
+            slots,
+            OLD_PROXY,
+            "ladder-old",
+            args.parallel,
+            reference_documents,
         )
     classifier = None
     if with_classifier and "recipe" in checks:
         classifier, result["classifier_metrics"] = train_quality_classifier(folder, common)
     recipes = [
-        recipe_check(folder, common, pages, seeds, tokens_per_page, args.parallel, classifier, "aa" in checks)
+        recipe_check(
+            folder,
+            common,
+            pages,
+            seeds,
+            tokens_per_page,
+            args.parallel,
+            classifier,
+            "aa" in checks,
+            reference_documents,
+        )
         for pages in sizes
         if "recipe" in checks
     ]
@@ -450,6 +496,7 @@ def main() -> int:
                 "seeds": len(seeds),
                 "wall_s": round(wall, 1),
                 "quick": args.quick,
+                "smoke": args.smoke,
             }
         )
     )

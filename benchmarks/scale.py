@@ -5,6 +5,15 @@ tokenize on generated corpora of 10,000, 100,000 and 1,000,000 documents, on ``l
     .venv/bin/python benchmarks/scale.py                         # 10k, 100k and 1M
     .venv/bin/python benchmarks/scale.py --sizes 2000,20000      # any sizes (the last two give the exponents)
     .venv/bin/python benchmarks/scale.py --quick --cluster       # also the 100k run on a standalone cluster
+    .venv/bin/python benchmarks/scale.py --smoke                 # 60 documents in a temporary folder
+
+``--smoke`` (tests/benchmarks/test_smoke.py) is the same code path on the smallest input: one size of 60
+documents (its exponents and growth figures are null: they need two), fewer classifier examples and a
+smaller model, its corpora, plot and figures in a temporary folder (never ``docs/img`` or
+``scale_figures.json``); its figures mean nothing. What a run costs is its processes, not its documents: 8
+at one size (six stages, the classifier, the tokenizer), 14 at two (a draft with two sizes took 7.7 minutes
+at load 10). With ``SPARK_REMOTE`` set to a warm Spark Connect server each stage attaches instead of starting
+a JVM, and then the event-log figures (shuffle, JVM heap) are 0, since the server's JVM keeps its own log.
 
 Each stage runs as its own process (``pretrain <stage>``), as Airflow runs it, with Spark's event log on.
 Recorded per stage and size: wall time; CPU seconds of the whole process tree (driver, JVM, Python workers),
@@ -36,6 +45,7 @@ import random
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [e for e in sys.path if Path(e or os.curdir).resolve() != ROOT / "benchmarks"]
 
 from benchmarks.measure import run_measured  # noqa: E402
+from benchmarks.smoke import add_smoke_flag  # noqa: E402
 
 CORPUS_VERSION = 3
 CORPUS = "scale"
@@ -56,6 +67,10 @@ CONTAMINATED_SHARE = 0.005  # of the prose documents: one evaluation item append
 CLASSIFIER = "quality"
 DEDUP_THRESHOLD = 0.8  # dedup.threshold's default
 DOCS_PER_FILE = 50_000
+SMOKE_SIZES = [60]
+# Classifier examples per class: the full run's, and --smoke's (train_classifier refuses fewer than
+# classifier_training.min_examples_per_class, 100 by default, and holds out 10%).
+REFERENCE_TEXTS, SMOKE_REFERENCE_TEXTS = 1000, 200
 
 
 # ----------------------------------------------------------------------------------------------- corpus
@@ -132,15 +147,16 @@ def evaluation_items(seed: int) -> list[str]:
     return [" ".join(words.draw(20)) + "." for _ in range(500)]
 
 
-def write_references(work: Path, seed: int) -> None:
-    """The classifier's training text (prose against junk) and the evaluation items, as JSONL files."""
+def write_references(work: Path, seed: int, count: int = REFERENCE_TEXTS) -> None:
+    """The classifier's training text (``count`` prose documents against as many junk ones) and the evaluation
+    items, as JSONL files."""
     from benchmarks.clean import BOILERPLATE, Sources
 
     rng = random.Random(seed + 1)
     prose = Prose(Sources())
     texts = {
-        "positives": [prose.document(rng) for _ in range(1000)],
-        "negatives": [junk_document(rng, prose, BOILERPLATE) for _ in range(1000)],
+        "positives": [prose.document(rng) for _ in range(count)],
+        "negatives": [junk_document(rng, prose, BOILERPLATE) for _ in range(count)],
         "items": evaluation_items(seed),
     }
     for name, lines in texts.items():
@@ -242,8 +258,9 @@ def pretrain(*arguments: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())", *arguments]
 
 
-def write_config(work: Path, master: str) -> Path:
-    """One config for every run (spark.master aside): the data root, the corpus, the event log."""
+def write_config(work: Path, master: str, bucket: int = 200_000) -> Path:
+    """One config for every run (spark.master aside): the data root, the corpus, the event log; ``bucket``:
+    the classifier's fastText hash buckets."""
     import yaml
 
     local = master.startswith("local")
@@ -266,7 +283,8 @@ def write_config(work: Path, master: str) -> Path:
         "classifier_training": {
             "positives": [{"path": str(work / "positives.jsonl")}],
             "negatives": [{"path": str(work / "negatives.jsonl")}],
-            "fasttext": {"bucket": 200_000},  # an 80 MB model; DCLM's 2M buckets cost the same per document
+            # 200,000: an 80 MB model; DCLM's 2M buckets cost the same per document.
+            "fasttext": {"bucket": bucket},
         },
         "classify": {"models": [{"name": CLASSIFIER, "trained": CLASSIFIER, "threshold": 0.5}]},
         "decontaminate": {"sets": [{"name": "bench", "kind": "file", "path": str(work / "items.jsonl")}]},
@@ -376,7 +394,9 @@ def dedup_quality(work: Path, snapshot: str, planted: dict[str, str]) -> dict:
     }
 
 
-def exponent(small: int, large: int, small_cost: float, large_cost: float) -> float:
+def exponent(small: int, large: int, small_cost: float, large_cost: float) -> float | None:
+    if small == large:
+        return None
     return round(math.log(large_cost / small_cost) / math.log(large / small), 3)
 
 
@@ -436,10 +456,14 @@ def plot(sizes: list[int], results: dict[int, dict[str, dict]], path: Path) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10k and 100k documents only")
+    add_smoke_flag(parser)
     parser.add_argument("--sizes", help="comma-separated corpus sizes (default 10000,100000,1000000)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--work", type=Path, default=ROOT / "benchmarks/out/scale", help="corpora and data root"
+        "--work",
+        type=Path,
+        default=None,
+        help="corpora and data root (default benchmarks/out/scale; --smoke: a temporary folder)",
     )
     parser.add_argument(
         "--cluster",
@@ -447,25 +471,38 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the second-largest size on a "
         "standalone cluster (2 workers x 1 core) and compare the outputs byte for byte",
     )
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs/img/scale.png")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="default docs/img/scale.png (--smoke: in the work folder)"
+    )
     parser.add_argument(
         "--figures",
         type=Path,
-        default=ROOT / "benchmarks/scale_figures.json",
-        help="where to write the result scripts/capacity.py reads",
+        default=None,
+        help="where to write the result scripts/capacity.py reads (default benchmarks/scale_figures.json; "
+        "--smoke: in the work folder)",
     )
     args = parser.parse_args(argv)  # fmt: skip
     if args.sizes:
         sizes = sorted(int(s) for s in args.sizes.split(","))
+    elif args.smoke:
+        sizes = SMOKE_SIZES
     else:
         sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
-    if len(sizes) < 2:
+    if len(sizes) < 2 and not args.smoke:
         parser.error("give at least two sizes: the exponents need two points")
+    if args.work is None:  # a smoke run's figures mean nothing: they never replace the recorded ones
+        args.work = (
+            Path(tempfile.mkdtemp(prefix="bench-scale-")) if args.smoke else ROOT / "benchmarks/out/scale"
+        )
     work = args.work
+    args.plot = args.plot or (work / "scale.png" if args.smoke else ROOT / "docs/img/scale.png")
+    args.figures = args.figures or (
+        work / "scale_figures.json" if args.smoke else ROOT / "benchmarks/scale_figures.json"
+    )
     shutil.rmtree(work / "data", ignore_errors=True)  # each run measures from scratch; corpora are kept
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    write_references(work, args.seed)
-    config = write_config(work, "local[2]")
+    write_references(work, args.seed, SMOKE_REFERENCE_TEXTS if args.smoke else REFERENCE_TEXTS)
+    config = write_config(work, "local[2]", 20_000 if args.smoke else 200_000)
     load_before = os.getloadavg()
     results: dict[int, dict[str, dict]] = {}
     quality: dict[int, dict] = {}
@@ -475,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         results[size] = run_size(size, files, config, work, f"s{size}")
         quality[size] = dedup_quality(work, f"s{size}", planted)
         print(f"  dedup against the planted families: {quality[size]}", flush=True)
-    small, large = sizes[-2], sizes[-1]
+    # One size (--smoke): the same code, with null exponents (no slope from one point) and growths of 1.
+    small, large = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[0], sizes[0])
     summary: dict = {"sizes": sizes, "stages": list(STAGES)}
     for stage in STAGES:
         summary[f"cost_exponent_{stage}"] = exponent(
