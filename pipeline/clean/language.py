@@ -56,11 +56,14 @@ class FastLanguageIdentifier:
         seen = np.zeros(self._rowbase.size, dtype=bool)
         seen[0] = True
         frontier, depth = np.array([0]), 0
+        every_byte = np.arange(256)
         while frontier.size:
-            rows = self._rowbase[frontier][:, None] + np.arange(256)
-            targets = np.unique(self._next[rows.ravel()])
-            frontier = targets[~seen[targets]]
-            seen[frontier] = True
+            # A mask, not np.unique: sorting 256 targets per state cost most of a worker's start.
+            reached = np.zeros_like(seen)
+            reached[self._next[(self._rowbase[frontier][:, None] + every_byte).ravel()]] = True
+            reached &= ~seen
+            frontier = np.flatnonzero(reached)
+            seen |= reached
             depth += frontier.size > 0
         return depth
 
