@@ -31,7 +31,15 @@ from pipeline.clean.language import identify_language
 from pipeline.clean.url_filter import URL_MARKED_FIELDS, UrlFilter, mark_batches
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import file_splits, map_in_arrow, share, spark_schema, spark_session
+from pipeline.core.spark import (
+    file_splits,
+    map_in_arrow,
+    parquet_rows,
+    python_tasks,
+    share,
+    spark_schema,
+    spark_session,
+)
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.extract import EXTRACTED_SCHEMA, extract_batches
 from pipeline.documents.normalize import decode_utf8, normalize_text
@@ -309,13 +317,14 @@ def extracted_pages(
         documents = spark.read.parquet(str(source.path / "documents")).select(*EXTRACTED_SCHEMA.names)
         # Spread the rows over the cores only when the files give too few tasks: shuffling a large corpus
         # costs more than it balances.
-        if file_splits(source.path / "documents") < config.spark.shuffle_partitions:
-            documents = documents.repartition(config.spark.shuffle_partitions, "id")
+        tasks = python_tasks(parquet_rows(source.path / "documents"), config)
+        if file_splits(source.path / "documents") < tasks:
+            documents = documents.repartition(tasks, "id")
         return documents if url_filter is None else url_marked(documents, url_filter)
     index = spark.read.parquet(str(source.path / "index"))
     pages = index.where(F.col("status") == 200).withColumn("id", F.substring(F.sha1("url"), 1, 16))
     # The fetch index is a few small files; spread its rows so extraction and filtering use every core.
-    pages = pages.repartition(config.spark.shuffle_partitions, "id")
+    pages = pages.repartition(python_tasks(parquet_rows(source.path / "index"), config), "id")
     crawl_root = str(source.path)
     return map_in_arrow(
         pages.select("id", "url", "domain", "fetch_time", "warc_file", "warc_offset", "content_type"),

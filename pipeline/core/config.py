@@ -114,6 +114,13 @@ class SparkConfig(Section):
     )
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(8, gt=0)
+    min_rows_per_task: int = Field(
+        256,
+        gt=0,
+        description="a Python pass (extraction, language id, scoring) over fewer rows than "
+        "shuffle_partitions x this runs in fewer tasks: each Python worker's start (imports, models) costs "
+        "more than a few hundred rows' work",
+    )
     output_files: int = Field(
         4,
         gt=0,

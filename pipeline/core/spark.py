@@ -154,6 +154,20 @@ def file_splits(folder: Path) -> int:
     return sum(max(1, -(-path.stat().st_size // MAX_PARTITION_BYTES)) for path in folder.glob("*.parquet"))
 
 
+def parquet_rows(folder: Path) -> int:
+    """Rows in ``folder``'s Parquet files, from their footers: no Spark job."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in folder.glob("*.parquet"))
+
+
+def python_tasks(rows: int, config: CoreConfig) -> int:
+    """How many tasks a Python pass over about ``rows`` rows gets: ``spark.shuffle_partitions``, or fewer
+    (at least ``spark.min_rows_per_task`` rows each) on a small input, where every extra task can start one
+    more Python worker, whose imports and models cost more than its share of the rows saves."""
+    return max(1, min(config.spark.shuffle_partitions, -(-rows // config.spark.min_rows_per_task)))
+
+
 class SharedFile:
     """A read-only value the workers load from a file once per Python worker: what a broadcast does, for
     Spark Connect as well (which has none). ``.value`` is the value, as with a broadcast."""

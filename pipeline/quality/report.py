@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session
+from pipeline.core.spark import aggregate, map_in_arrow, python_tasks, spark_schema, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.plots import plot_scores
 from pipeline.embeddings import EncoderConfig, encode
@@ -166,9 +166,9 @@ def coverage(docs: DataFrame) -> Coverage:
     )
 
 
-def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
+def sample_documents(docs: DataFrame, config: PipelineConfig, documents: int) -> DataFrame:
     """``quality.sample_docs`` documents by a seeded hash of the id (the same ones on every run), cached:
-    the lexical and semantic views both read it."""
+    the lexical and semantic views both read it. ``documents``: how many ``docs`` holds."""
     from pyspark.sql import functions as F
 
     lang = F.col("lang") if "lang" in docs.columns else F.lit(None).cast("string")
@@ -177,7 +177,7 @@ def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
         .orderBy("order", "id")
         .limit(config.quality.sample_docs)
         .select("id", "domain", lang.alias("lang"), "text")
-        .repartition(config.spark.shuffle_partitions, "id")
+        .repartition(python_tasks(min(config.quality.sample_docs, documents), config), "id")
         .cache()
     )
 
@@ -315,7 +315,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "n_chars", F.length("text")
         )
         covered = coverage(docs)
-        sampled = sample_documents(docs, config)
+        sampled = sample_documents(docs, config, covered.documents)
         lexical = lexical_diversity(sampled)
         sample = collect_sample(sampled, quality.encoder)
         sampled.unpersist()

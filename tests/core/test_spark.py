@@ -8,8 +8,10 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipeline.core.spark import map_in_arrow, spark_session
+from pipeline.core.spark import map_in_arrow, parquet_rows, python_tasks, spark_session
 from tests.conftest import PROJECT_ROOT, make_config
 
 
@@ -231,3 +233,34 @@ def test_a_spark_error_whose_jvm_died_passes_through_unchanged(tmp_path):
     with pytest.raises(Py4JJavaError) as raised, input_read_errors([DatasetRef.of(config, "dedup", "s1")]):
         raise died
     assert raised.value is died
+
+
+@settings(max_examples=200)
+@given(
+    rows=st.integers(0, 10**7),
+    partitions=st.integers(1, 512),
+    per_task=st.integers(1, 10**5),
+)
+def test_a_python_pass_gets_the_fewest_tasks_that_hold_at_most_the_minimum_each_up_to_the_partitions(
+    tmp_path_factory, rows, partitions, per_task
+):
+    config = make_config(
+        tmp_path_factory.getbasetemp(),
+        f"spark.shuffle_partitions={partitions}",
+        f"spark.min_rows_per_task={per_task}",
+    )
+    tasks = python_tasks(rows, config)
+    assert 1 <= tasks <= partitions
+    if tasks < partitions:  # no more tasks than it takes to hold at most per_task rows each
+        assert rows <= tasks * per_task
+        assert tasks == 1 or rows > (tasks - 1) * per_task
+    else:  # one task fewer would leave some task over the minimum
+        assert partitions == 1 or rows > (partitions - 1) * per_task
+
+
+def test_parquet_rows_counts_every_file_from_its_footer(tmp_path):
+    sizes = [0, 1, 37, 1000]
+    for index, size in enumerate(sizes):
+        pq.write_table(pa.table({"id": list(range(size))}), tmp_path / f"part-{index}.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    assert parquet_rows(tmp_path) == sum(sizes)
