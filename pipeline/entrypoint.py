@@ -150,10 +150,12 @@ def stage_main(
         # One nested MLflow run per stage execution; a tracking failure warns unless tracking.required.
         from pipeline.tracking.mlflow_runs import track_stage
 
-        # OpenLineage START/COMPLETE/FAIL when the client is configured (and no client otherwise).
+        # OpenLineage START/COMPLETE/FAIL when the client is configured (and no client otherwise). The MLflow
+        # run starts beside the stage's work, but before training's ranks, which log into it.
+        background = registered_stage(stage).runner != "torchrun"
         with (
             stage_run_events(config, stage, snapshot, inputs, output) as lineage,
-            track_stage(config, stage, snapshot, inputs) as tracking,
+            track_stage(config, stage, snapshot, inputs, background=background) as tracking,
             input_read_errors(inputs),
         ):
             manifest = run(config, inputs, output)

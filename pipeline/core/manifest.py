@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,26 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# A stage's MLflow run may still be starting beside its work (importing MLflow and opening its store take
+# seconds): what the manifest records about it waits for the start to settle. Set by the tracking package.
+_pending_tracking: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def pending_tracking(settle: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, ``tracking_state`` first calls ``settle``, which must leave the run's id (or
+    why there is none) in the environment."""
+    _pending_tracking.append(settle)
+    try:
+        yield
+    finally:
+        _pending_tracking.remove(settle)
+
+
 def tracking_state(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What this process's environment says about the stage's MLflow run, for the manifest."""
+    for settle in list(_pending_tracking):
+        settle()
     env = os.environ if environ is None else environ
     state = {"mlflow_run_id": env.get(ENV_TRACKING_RUN), "error": env.get(ENV_TRACKING_ERROR)}
     return {key: value for key, value in state.items() if value}

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -27,7 +28,13 @@ from typing import Any
 from pipeline.config import PipelineConfig
 from pipeline.core.config import redact_url
 from pipeline.core.lineage import Lineage, code_version
-from pipeline.core.manifest import ENV_TRACKING_ERROR, ENV_TRACKING_RUN, MANIFEST_NAME, Manifest
+from pipeline.core.manifest import (
+    ENV_TRACKING_ERROR,
+    ENV_TRACKING_RUN,
+    MANIFEST_NAME,
+    Manifest,
+    pending_tracking,
+)
 from pipeline.core.storage import DatasetRef, local_path, path_under
 from pipeline.stages import BY_NAME
 
@@ -609,17 +616,35 @@ class StageTracking:
     stage. It is logged at ERROR level (in the ECS logs, hence in Elasticsearch) and printed to stderr,
     naming the stage and output. With ``tracking.required=true`` it raises ``TrackingError`` instead.
     A failing stage is always re-raised unchanged, with its run marked FAILED.
+
+    ``background``: the run starts in a thread beside the stage's work (importing MLflow and opening its
+    store take seconds, as long as a small stage's whole work); what the manifest records, ``record`` and the
+    end wait for it. Not when tracking is required (a run that cannot start then fails the stage before any
+    work), nor for a stage whose child processes log into the run.
     """
 
-    def __init__(self, config: PipelineConfig, stage: str, snapshot: str, inputs: list[DatasetRef]) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        stage: str,
+        snapshot: str,
+        inputs: list[DatasetRef],
+        *,
+        background: bool = False,
+    ) -> None:
         self.config = config
         self.stage = stage
         self.snapshot = snapshot
         self.inputs = inputs
+        # Start the run in a thread beside the stage's work; settled (joined) before anything reads it.
+        self.background = background and not config.tracking.required
         self.run: TrackedRun | None = None
         self.error: Exception | None = None
         self._previous_env: str | None = None
         self._previous_error: str | None = None
+        self._starting: threading.Thread | None = None
+        self._started: TrackedRun | BaseException | None = None
+        self._pending: contextlib.ExitStack | None = None
 
     @property
     def enabled(self) -> bool:
@@ -646,11 +671,42 @@ class StageTracking:
     def __enter__(self) -> StageTracking:
         if not self.enabled:
             return self
-        try:
-            self.run = TrackedRun.start_stage_run(self.config, self.stage, self.snapshot, self.inputs)
-        except Exception as exc:
-            self._failed("starting the run", exc)
+        if self.background:
+            # Set here, not in the thread: the environment is changed only while no other thread starts a process.
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+            self._starting = threading.Thread(target=self._start, name="mlflow-start", daemon=True)
+            self._starting.start()
+            self._pending = contextlib.ExitStack()
+            self._pending.enter_context(pending_tracking(self.settle))
             return self
+        self._start()
+        self.settle()
+        return self
+
+    def _start(self) -> None:
+        try:
+            self._started = TrackedRun.start_stage_run(self.config, self.stage, self.snapshot, self.inputs)
+        except BaseException as exc:  # settled (reported, or raised when required) in the stage's thread
+            self._started = exc
+
+    def settle(self) -> None:
+        """Wait for the run's start, then record it (or why it failed) where the stage's manifest and its child
+        processes read it. Idempotent; called from the stage's thread."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        if self._pending is not None:
+            self._pending.close()
+            self._pending = None
+        started, self._started = self._started, None
+        if started is None:
+            return
+        if isinstance(started, BaseException):
+            if not isinstance(started, Exception):
+                raise started
+            self._failed("starting the run", started)
+            return
+        self.run = started
         log.info(
             "MLflow run %s for stage %s (%s)",
             self.run.run_id,
@@ -660,10 +716,10 @@ class StageTracking:
         # Child processes (torchrun ranks) log into this same run.
         self._previous_env = os.environ.get(ENV_RUN_ID)
         os.environ[ENV_RUN_ID] = self.run.run_id
-        return self
 
     def record(self, manifest: Manifest) -> None:
         """Log the stage's published output."""
+        self.settle()
         if self.run is None:
             return
         try:
@@ -673,6 +729,7 @@ class StageTracking:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            self.settle()
             self._end(exc_type)
         finally:
             if self.error is not None:
@@ -704,5 +761,8 @@ def _restore_env(name: str, previous: str | None) -> None:
         os.environ[name] = previous
 
 
-def track_stage(config: PipelineConfig, stage: str, snapshot: str, inputs: list[DatasetRef]) -> StageTracking:
-    return StageTracking(config, stage, snapshot, inputs)
+def track_stage(
+    config: PipelineConfig, stage: str, snapshot: str, inputs: list[DatasetRef], *, background: bool = False
+) -> StageTracking:
+    """``background``: start the run beside the stage's work (see ``StageTracking``)."""
+    return StageTracking(config, stage, snapshot, inputs, background=background)

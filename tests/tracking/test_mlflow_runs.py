@@ -21,6 +21,7 @@ from pipeline.config import load_config
 from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.entrypoint import stage_main
+from pipeline.stages import stage as registered_stage
 from pipeline.tracking import mlflow_runs
 from pipeline.tracking.mlflow_runs import (
     ENV_RUN_ID,
@@ -268,20 +269,45 @@ def test_stage_runs_can_be_switched_off(argv, mlflow_store, experiment):
     assert MlflowClient(mlflow_store).get_experiment_by_name(experiment) is None
 
 
-def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs(argv, mlflow_store):
-    seen = {}
+def test_the_stage_run_id_is_handed_to_child_processes_only_while_the_stage_runs(root, argv, mlflow_store):
+    """Training's ranks log into the launcher's run, so a torchrun stage starts its run before its work."""
+    config = load_config(None, argv("s1")[3::2], environ={})
+    assert registered_stage("train").runner == "torchrun"
+    with mlflow_runs.track_stage(config, "train", "s1", [], background=False):
+        handed = os.environ.get(ENV_RUN_ID)
+    run_record = MlflowClient(mlflow_store).get_run(handed)
+    assert run_record.data.tags["pretrain.stage"] == "train"
+    assert ENV_RUN_ID not in os.environ
+
+
+def test_a_stage_works_while_its_run_starts_and_its_manifest_still_names_the_run(
+    root, argv, mlflow_store, monkeypatch
+):
+    """Importing MLflow and opening its store take seconds, as long as a small stage's whole work: the run
+    starts beside the work (issue 44). The start here waits for the work to begin, so a start that ran
+    before the work would time out and leave the manifest without a run."""
+    work_began = threading.Event()
+    start = mlflow_runs.TrackedRun.start_stage_run.__func__
+
+    def start_once_the_work_began(cls, *args, **kwargs):
+        if not work_began.wait(timeout=300):
+            raise AssertionError("the run's start was waited for before the stage's work began")
+        return start(cls, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow_runs.TrackedRun, "start_stage_run", classmethod(start_once_the_work_began))
 
     def run(config, inputs, output):
-        import os
+        work_began.set()
+        assert ENV_RUN_ID not in os.environ  # not started yet: nothing may read it before it settles
+        return publish(2, 3)(config, inputs, output)
 
-        seen["env"] = os.environ.get(ENV_RUN_ID)
-        return publish(1, 1)(config, inputs, output)
-
-    stage_main(argv("s1"), stage="crawl", description="", run=run)
-    run_record = MlflowClient(mlflow_store).get_run(seen["env"])
-    assert run_record.data.tags["pretrain.stage"] == "crawl"
-    import os
-
+    assert stage_main(argv("s4"), stage="crawl", description="", run=run) == 0
+    config = load_config(None, [f"project.data_root={root}"], environ={})
+    tracking = DatasetRef.of(config, "crawl", "s4").manifest().tracking
+    assert set(tracking) == {"mlflow_run_id"}
+    run_record = MlflowClient(mlflow_store).get_run(tracking["mlflow_run_id"])
+    assert run_record.data.tags["pretrain.stage"] == "crawl" and run_record.info.status == "FINISHED"
+    assert run_record.data.metrics["rows.documents"] == 2
     assert ENV_RUN_ID not in os.environ
 
 
