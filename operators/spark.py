@@ -18,6 +18,10 @@ stages' files are on the cluster: with ``local:///opt/venv/lib/python3.11/site-p
 clean submits ``local:///opt/venv/lib/python3.11/site-packages/pipeline/clean/__main__.py``. A driver that
 runs on Kubernetes (``--deploy-mode cluster``) needs it: it cannot read this machine's files.
 docker/k8s/spark-connection.json is such a connection.
+
+With a warm Spark Connect server configured (``spark.remote``, or ``SPARK_REMOTE`` in the worker's
+environment) the stage runs as a plain process that attaches to it: no spark-submit, so no JVM of the task's
+own (spark-submit would refuse a remote beside its master anyway).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from airflow.sdk import Connection
 from operators.base import PipelineOperator
 from operators.lineage import StageLineageMixin
 from pipeline.config import PipelineConfig
+from pipeline.core.proc import run_streaming
+from pipeline.core.spark import remote_url
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import stage as registered_stage
 
@@ -161,11 +167,7 @@ class PipelineSparkSubmitOperator(PipelineOperator, StageLineageMixin, SparkSubm
         # connection names the cluster's (the image's, on Kubernetes).
         python = target.conf.get("spark.pyspark.python", sys.executable)
         self.application = target.application(self.stage)
-        self.application_args = [
-            *self.cli_arguments(),
-            *(["--input-stage", self.input_stage] if self.input_stage else []),
-            *self.extra_args,
-        ]
+        self.application_args = self.stage_arguments()
         self._driver_memory = config.spark.driver_memory  # the driver JVM's heap is fixed at submit time
         self.conf = {
             "spark.pyspark.python": python,
@@ -180,9 +182,25 @@ class PipelineSparkSubmitOperator(PipelineOperator, StageLineageMixin, SparkSubm
         return config
 
     def execute(self, context) -> str:  # type: ignore[override]  # the output path, for XCom
-        config = self.prepare_submit()
-        super().execute(context)
+        config = self.resolved_config()
+        remote = remote_url(config)
+        if remote is not None:
+            self.log.info("attaching to the Spark Connect server %s", remote)
+            command = [sys.executable, "-m", "pipeline.cli", self.stage, *self.stage_arguments()]
+            run_streaming(
+                command, env=self.child_environment(), logger=self.log, on_start=self.remember_process
+            )
+        else:
+            config = self.prepare_submit()
+            super().execute(context)
         return str(DatasetRef.of(config, self.stage, self.task_snapshot).require().path)
+
+    def stage_arguments(self) -> list[str]:
+        return [
+            *self.cli_arguments(),
+            *(["--input-stage", self.input_stage] if self.input_stage else []),
+            *self.extra_args,
+        ]
 
     def _get_hook(self) -> SparkSubmitHook:
         return LocalDefaultSparkSubmitHook(

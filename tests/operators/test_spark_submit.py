@@ -184,3 +184,46 @@ def test_connection_conf_must_be_an_object_of_settings(tmp_path, monkeypatch):
     _, command = submit_command(tmp_path)
     assert confs(command)["spark.dynamicAllocation.enabled"] == "true"  # Spark's spelling, not Python's
     assert confs(command)["spark.executor.cores"] == "2"
+
+
+@pytest.mark.parametrize("how", ["config", "environment"])
+def test_with_a_warm_server_the_stage_attaches_as_a_plain_process_without_spark_submit(
+    tmp_path, monkeypatch, how
+):
+    """spark-submit would start a JVM of the task's own, and refuses SPARK_REMOTE beside its master. The real
+    run of this path is tests/dags/test_airflow_server.py's (its tasks attach to the session's server)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    import operators.spark as spark_operators
+
+    url = "sc://127.0.0.1:15999"
+    overrides = [f"project.data_root={tmp_path}"]
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    if how == "config":
+        overrides.append(f"spark.remote={url}")
+    else:
+        monkeypatch.setenv("SPARK_REMOTE", url)
+    ran = []
+
+    class Ran(Exception):
+        pass
+
+    def run_streaming(command, **kwargs):
+        ran.append(command)
+        raise Ran
+
+    def submit(self, context):
+        raise AssertionError("spark-submit was run")
+
+    monkeypatch.setattr(spark_operators, "run_streaming", run_streaming)
+    monkeypatch.setattr(SparkSubmitOperator, "execute", submit)
+    op = PipelineSparkSubmitOperator(
+        stage="clean", input_stage="ingest", snapshot="2026-11-29", config_path="", overrides=overrides
+    )
+    with pytest.raises(Ran):
+        op.execute({})
+    (command,) = ran
+    assert command[:4] == [sys.executable, "-m", "pipeline.cli", "clean"]
+    assert value_after(command, "--snapshot") == "2026-11-29"
+    assert value_after(command, "--input-stage") == "ingest"
+    assert f"project.data_root={tmp_path}" in command
