@@ -4,17 +4,23 @@ Uses `airflow dags test` with an AIRFLOW_HOME under the project and a SQLite met
 no server has to be started. Airflow's own logging goes to a file it names; the terminal gets one line
 per task as it finishes (its name, seconds, and what its output kept, read from the stage's manifest),
 then where the results are, ending with the data-quality report.
+
+The Spark tasks attach to a warm Spark Connect server the demo starts beside Airflow and stops at the end
+(``pipeline.core.spark_connect``), as an Airflow deployment's workers would: each task then starts no JVM of
+its own. ``--cold`` runs them in local mode instead, each with its own JVM; a configured ``spark.remote`` or
+``$SPARK_REMOTE`` is used as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +31,9 @@ from pipeline.core.arguments import ArgumentParser
 from pipeline.core.config import PROJECT_ROOT
 from pipeline.core.manifest import Manifest
 from pipeline.core.proc import run_streaming
+from pipeline.core.spark import remote_url
+from pipeline.core.spark_cluster import free_port
+from pipeline.core.spark_connect import ConnectServer
 from pipeline.core.storage import DatasetRef
 from pipeline.stages import BY_NAME, downstream
 
@@ -142,6 +151,18 @@ def airflow_environment(airflow_home: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def warm_spark(folder: Path, config: PipelineConfig) -> Iterator[ConnectServer]:
+    """A Spark Connect server for the demo's tasks, launched (not yet ready: ``wait_ready``) and stopped on
+    exit however the demo ends."""
+    server = ConnectServer(folder=folder, host="127.0.0.1", port=free_port())
+    try:
+        server.launch(config)
+        yield server
+    finally:
+        server.stop()
+
+
 def airflow_executable() -> str:
     candidate = Path(sys.executable).parent / "airflow"
     return str(candidate) if candidate.exists() else (shutil.which("airflow") or "airflow")
@@ -163,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", "-c", default="", help="config YAML (default: built-in defaults)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--airflow-home", default=str(PROJECT_ROOT / ".airflow"))
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="start no Spark Connect server: each Spark task starts its own JVM (local mode)",
+    )
     args = parser.parse_args(argv)
     config = load_config(args.config or None, args.overrides)  # fail on a bad config before Airflow starts
 
@@ -173,9 +199,19 @@ def main(argv: list[str] | None = None) -> int:
     started, since = time.monotonic(), time.time()
     log_path = airflow_home / f"demo-{args.snapshot}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.log"
     print(f"==> Airflow's own log: {log_path}", flush=True)
-    with log_path.open("w", encoding="utf-8") as log:
+    with contextlib.ExitStack() as stack, log_path.open("w", encoding="utf-8") as log:
+        server = None
+        if not (args.cold or remote_url(config)):
+            server = stack.enter_context(warm_spark(airflow_home / "spark-connect", config))
         print(f"==> preparing Airflow metadata database in {airflow_home}", flush=True)
         run_streaming([airflow, "db", "migrate"], env=env, on_line=_logged(log))
+        if server is not None:  # its JVM started beside the migration
+            server.wait_ready(timeout_s=180)
+            env["PRETRAIN__SPARK__REMOTE"] = server.url  # the operators run such a task as a plain process
+            print(
+                f"==> Spark tasks attach to the warm Spark Connect server {server.url} ({server.log})",
+                flush=True,
+            )
         # The tasks resolve the config again; pin the data root so they write where this process looks.
         overrides = [f"project.data_root={config.project.data_root}", *args.overrides]
         conf = {"snapshot": args.snapshot, "config_path": args.config, "overrides": overrides}

@@ -80,6 +80,12 @@ class ConnectServer:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def start(self, config: CoreConfig, ready_timeout_s: float) -> None:
+        self.launch(config)
+        self.wait_ready(ready_timeout_s)
+
+    def launch(self, config: CoreConfig) -> None:
+        """Start the server's process without waiting for it (``wait_ready`` does): its JVM's seconds can
+        pass while the caller does other work."""
         log4j = resources.files("pipeline.core") / "log4j2.properties"
         settings = {
             **server_settings(config),
@@ -93,7 +99,6 @@ class ConnectServer:
         self.process = start_daemon(
             [*argv, "spark-internal"], daemon_environment(self.folder), self.folder, self.log
         )
-        self.wait_ready(ready_timeout_s)
 
     def accepting(self) -> bool:
         try:
