@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -623,7 +624,11 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
     dedup = config.dedup
     hasher = minhasher(dedup, config.project.seed)
     clock = StepClock("dedup", log)
-    with StageOutput(output, config, inputs) as out:
+    with StageOutput(output, config, inputs) as out, ThreadPoolExecutor(1, "s-curve") as drawing:
+        # Drawn beside the Spark work: matplotlib's import and the drawing take about a second.
+        s_curve = drawing.submit(
+            plot_s_curve, hasher.bands, hasher.rows, dedup.threshold, out.path / "lsh_s_curve.png"
+        )
         spark = spark_session(config, f"dedup-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
@@ -692,7 +697,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
 
         summary = _summary(decisions, null_text)
         decisions.unpersist()
-        plot_s_curve(hasher.bands, hasher.rows, dedup.threshold, out.path / "lsh_s_curve.png")
+        s_curve.result()
         clock.done(
             "summary",
             "removed %s in %d clusters",

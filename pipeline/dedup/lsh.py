@@ -76,16 +76,15 @@ def s_curve_table(bands: int, rows: int, points=(0.3, 0.5, 0.6, 0.7, 0.75, 0.8, 
 
 
 def plot_s_curve(bands: int, rows: int, threshold: float, path: Path) -> Path:
-    """Write the S-curve of (bands, rows) with the threshold marked, as a PNG with stable bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Write the S-curve of (bands, rows) with the threshold marked, as a PNG with stable bytes. Without
+    pyplot's global state, so a stage can draw it in a thread beside its Spark work."""
+    from matplotlib.figure import Figure
 
     s = np.linspace(0.0, 1.0, 501)
     p = collision_probability(s, bands, rows)
     fp, fn = error_areas(threshold, bands, rows)
-    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+    figure = Figure(figsize=(6, 4), dpi=100)
+    axes = figure.subplots()
     axes.plot(s, p, color="tab:blue", label=f"{bands} bands x {rows} rows")
     axes.fill_between(
         s, 0, p, where=s <= threshold, color="tab:red", alpha=0.25, label=f"false-positive area {fp:.3f}"
@@ -104,7 +103,6 @@ def plot_s_curve(bands: int, rows: int, threshold: float, path: Path) -> Path:
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, format="png", metadata={"Software": None})
-    plt.close(figure)
     return path
 
 
