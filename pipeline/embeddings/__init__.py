@@ -78,7 +78,11 @@ class SentenceTransformerEncoder:
         self.model = SentenceTransformer(model, device="cpu")
         self.model.max_seq_length = max_seq_length
         self.max_seq_length = max_seq_length
-        dimension = self.model.get_sentence_embedding_dimension()  # None where no module declares it
+        # None where no module declares it
+        if hasattr(self.model, "get_embedding_dimension"):  # sentence-transformers >= 6
+            dimension = self.model.get_embedding_dimension()
+        else:
+            dimension = self.model.get_sentence_embedding_dimension()
         self.dim = int(dimension if dimension is not None else self.model.encode([""]).shape[-1])
         tokenizer = self.model.tokenizer
         self.added_token_ids = frozenset(
