@@ -319,9 +319,10 @@ class BertSentenceEncoder:
 
     def _forward(
         self, texts: Sequence[str], batch_size: int
-    ) -> Iterator[tuple[list[int], Any, torch.Tensor]]:
-        """Per batch: the texts' positions, their encodings and the last layer (batch, longest, dim). Texts are
-        batched longest first, as sentence-transformers does, so a batch holds little padding."""
+    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per batch: the texts' positions in ``texts``, their token ids and attention mask (batch, longest) and
+        the last layer (batch, longest, dim). Texts are batched longest first, as sentence-transformers does,
+        so a batch holds little padding."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
@@ -335,26 +336,25 @@ class BertSentenceEncoder:
                 mask[row, :length] = 1
             with torch.inference_mode():
                 hidden = self.model(ids, types, mask)
-            yield indices, (ids, mask), hidden
+            yield indices, ids, mask, hidden
 
     def sentence_embeddings(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         """Unit-length float32 rows: the mean of each text's token vectors, L2-normalised."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for indices, (_, mask), hidden in self._forward(texts, batch_size):
+        for indices, _, mask, hidden in self._forward(texts, batch_size):
             weights = mask.unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             out[indices] = F.normalize(mean, p=2, dim=1).numpy()
         return out
 
     def token_embeddings(self, texts: Sequence[str], batch_size: int) -> list[TokenVectors]:
-        out: list[TokenVectors] = [
-            TokenVectors(np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32))
-        ] * len(texts)
-        for indices, (ids, mask), hidden in self._forward(texts, batch_size):
+        """Per text, its token ids and last-layer vectors, padding removed, added tokens kept."""
+        out: dict[int, TokenVectors] = {}
+        for indices, ids, mask, hidden in self._forward(texts, batch_size):
             for row, index in enumerate(indices):
                 keep = mask[row].bool()
                 out[index] = TokenVectors(ids[row][keep].numpy(), hidden[row][keep].numpy())
-        return out
+        return [out[index] for index in range(len(texts))]
 
 
 def pad_token(folder: Path) -> str:
