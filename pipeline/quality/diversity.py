@@ -106,33 +106,14 @@ def token_embeddings(texts: Sequence[str], encoder: EncoderConfig) -> list[np.nd
     ``token_embeddings``), without padding and the tokens the tokenizer adds ([CLS], [SEP]; <s>, </s>),
     rows L2-normalised, float32. Texts are truncated to ``encoder.max_seq_length`` tokens, specials
     included."""
-    import torch
-
     model = load_encoder(encoder.model, encoder.max_seq_length)
-    tokenizer = model.tokenizer
-    added = [
-        token_id
-        for token_id in (
-            tokenizer.cls_token_id,
-            tokenizer.sep_token_id,
-            tokenizer.bos_token_id,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
-        )
-        if token_id is not None
-    ]
-    # output_value=None returns the same token_embeddings as output_value="token_embeddings", together
-    # with the input ids: the added tokens are found by id, not assumed to be the first and last rows.
-    outputs = model.encode(
-        list(texts), batch_size=encoder.batch_size, output_value=None, show_progress_bar=False
-    )
+    # the added tokens are found by id, not assumed to be the first and last rows
+    added = np.array(sorted(model.added_token_ids), dtype=np.int64)
     vectors = []
-    for output in outputs:
-        ids = output["input_ids"]
-        keep = output["attention_mask"].bool() & ~torch.isin(ids, torch.tensor(added, device=ids.device))
-        rows = output["token_embeddings"][keep]
-        rows = torch.nn.functional.normalize(rows.float(), dim=-1)
-        vectors.append(rows.cpu().numpy())
+    for ids, rows in model.token_embeddings(list(texts), encoder.batch_size):
+        rows = rows[~np.isin(ids, added)].astype(np.float32)
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        vectors.append(rows / np.maximum(norms, 1e-12))
     return vectors
 
 

@@ -229,10 +229,16 @@ def test_sample_diversity_without_pairs_needs_no_encoder(tmp_path):
 
 @pytest.fixture(scope="module")
 def minilm():
-    from pipeline.embeddings import load_encoder
+    """The bundled model in sentence-transformers itself, the reference for what token_embeddings returns
+    (which runs it on pipeline.embeddings.bert)."""
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.embeddings import model_path
 
     config = EncoderConfig()
-    return config, load_encoder(config.model, config.max_seq_length)
+    model = SentenceTransformer(model_path(config.model), device="cpu")
+    model.max_seq_length = config.max_seq_length
+    return config, model
 
 
 @pytest.mark.slow
