@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,8 @@ def launch_workers(
     script: str, out: Path, processes: int, config_path: Path, variants: Any, steps: int, timeout_s: float
 ) -> Any:
     """Run ``script --worker OUT CONFIG VARIANTS --steps N`` as ``processes`` ranks (torchrun --standalone above
-    one; one thread each) and return the JSON its rank 0 wrote to ``out``. Shared by the benchmarks that time
+    one; one thread each; the script's ``--worker`` calls ``worker``) and return the JSON its rank 0 wrote to
+    ``out``. Shared by the benchmarks that time
     the trainer over several ranks (benchmarks/pipeline_parallel.py, benchmarks/train_scale.py)."""
     import json
     import os
@@ -109,3 +111,26 @@ def launch_workers(
         stdout=subprocess.DEVNULL,
     )
     return json.loads(out.read_text())
+
+
+def worker(
+    out: Path, config_path: Path, variants: list, steps: int, measure: Callable[[Any, int], dict]
+) -> None:
+    """One process of a ``launch_workers`` launch: each ``[name, overrides]`` variant a Trainer of its own, in
+    order, in one process group, measured by ``measure(config, steps)`` (every rank calls it); rank 0 writes
+    ``[[name, figures], ...]`` to ``out``."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from pipeline.config import load_config
+
+    results = []
+    for index, (name, overrides) in enumerate(variants):
+        config = load_config(config_path, [*overrides, f"train.run_id={name}-{index}", "train.resume=false"])
+        results.append([name, measure(config, steps)])
+    if int(os.environ.get("RANK", "0")) == 0:
+        out.write_text(json.dumps(results))
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.measure import launch_workers  # noqa: E402
+from benchmarks.measure import launch_workers, worker  # noqa: E402
 from benchmarks.smoke import add_smoke_flag  # noqa: E402
 from benchmarks.train_cpu import write_shards  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
@@ -88,23 +88,11 @@ def measure(config, steps: int) -> dict:
     }
 
 
-def worker(out: Path, config_path: Path, variants: dict[str, list[str]], steps: int) -> None:
-    """One process of a measurement launch: each variant a Trainer of its own in one process group."""
-    import torch.distributed as dist
-
-    results = {}
-    for name, overrides in variants.items():
-        config = load_config(config_path, [*overrides, f"train.run_id={name}", "train.resume=false"])
-        results[name] = measure(config, steps)
-    if int(os.environ.get("RANK", "0")) == 0:
-        out.write_text(json.dumps(results))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def launch(root: Path, name: str, processes: int, config_path: Path, variants: dict, steps: int) -> dict:
+    """``variants`` (name: overrides) in one launch of ``processes`` ranks; their results by name."""
     out = root / f"{name}.json"
-    return launch_workers(os.path.abspath(__file__), out, processes, config_path, variants, steps, GUARD_S)
+    pairs = [[variant, overrides] for variant, overrides in variants.items()]
+    return dict(launch_workers(os.path.abspath(__file__), out, processes, config_path, pairs, steps, GUARD_S))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = args.steps or (1 if args.smoke else 6 if args.quick else 20)
     if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
+        worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps, measure)
         return 0
 
     # From 192 on the blocks outweigh the head enough that the FLOP split is 4 + 4 layers (at 128 it is 5 + 3).

@@ -10,8 +10,9 @@ per rank. One function per figure:
 - ``fsdp_memory``: parameter + gradient + optimizer-state bytes held by each rank after a step, counted from
   the tensors' storages (each storage once: DDP's gradients are views into its buckets, a tied matrix is one
   tensor; an FSDP DTensor counts its local shard's storage, padding included), at one process, DDP and FSDP
-  on 2 and 4 ranks. ``fsdp_memory_per_rank_ratio`` = FSDP at 4 ranks per rank / (one process / 4); the goal is
-  at most 1.1.
+  on 2 and 4 ranks, and HSDP on 4 (``train.dp_replicate=2`` x dp_shard=2). ``fsdp_memory_per_rank_ratio`` =
+  FSDP at 4 ranks per rank / (one process / 4); the goal is at most 1.1. ``hsdp_memory_per_rank_ratio`` = HSDP
+  2x2 per rank / (one process / 2): each replica shards the model over 2 ranks, so about 1.
 - ``fsdp_throughput``: tokens/s of FSDP against DDP at 2 ranks, the two alternated ``--repeats`` times in one
   process group (ABBA order) so drifts of a busy machine fall on both; ``fsdp_tokens_per_s_ratio_vs_ddp`` is the median
   of the per-repeat ratios, with their min and max as the spread.
@@ -45,7 +46,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from benchmarks.measure import launch_workers  # noqa: E402
+from benchmarks.measure import launch_workers, worker  # noqa: E402
 from benchmarks.train_cpu import write_shards  # noqa: E402
 from benchmarks.train_scale_muon import muon_tokens_to_adamw_loss  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
@@ -53,6 +54,8 @@ from pipeline.config import load_config  # noqa: E402
 SNAPSHOT = "bench-scale"
 GUARD_S = 600  # a hang kills the run instead of blocking
 KINDS = {"ddp": ["train.data_parallel=ddp"], "fsdp": ["train.data_parallel=fsdp"]}
+# At 4 ranks also HSDP: 2 replicas of a model sharded over 2 ranks (train.dp_replicate=2 x dp_shard=2).
+KINDS_AT_4 = {**KINDS, "hsdp": [*KINDS["fsdp"], "train.dp_replicate=2", "train.nproc_per_node=4"]}
 
 
 def held_bytes(trainer) -> dict[str, int]:
@@ -103,21 +106,6 @@ def measure(config, steps: int) -> dict:
     }
 
 
-def worker(out: Path, config_path: Path, variants: list[list], steps: int) -> None:
-    """One process of a launch: each (name, overrides) variant a Trainer of its own, in order."""
-    import torch.distributed as dist
-
-    results = []
-    for index, (name, overrides) in enumerate(variants):
-        run = f"{name}-{index}"
-        config = load_config(config_path, [*overrides, f"train.run_id={run}", "train.resume=false"])
-        results.append([name, measure(config, steps)])
-    if int(os.environ.get("RANK", "0")) == 0:
-        out.write_text(json.dumps(results))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def launch(root: Path, name: str, processes: int, config_path: Path, variants: list, steps: int) -> list:
     """``variants`` ([name, overrides] pairs) in one launch of ``processes`` ranks; their results in order."""
     out = root / f"{name}.json"
@@ -125,7 +113,7 @@ def launch(root: Path, name: str, processes: int, config_path: Path, variants: l
 
 
 def fsdp_memory(single: dict, at_2: dict[str, dict], at_4: dict[str, dict]) -> dict:
-    """Bytes per rank (the largest rank's) at one process and at DDP / FSDP on 2 and 4 ranks."""
+    """Bytes per rank (the largest rank's) at one process, at DDP / FSDP on 2 and 4 ranks, and HSDP 2x2 on 4."""
     one = single["bytes_per_rank"][0]
     per_rank = {"1": one}
     for ranks, rows in (("2", at_2), ("4", at_4)):
@@ -139,6 +127,7 @@ def fsdp_memory(single: dict, at_2: dict[str, dict], at_4: dict[str, dict]) -> d
         },
         "fsdp_memory_per_rank_ratio": round(per_rank["fsdp4"] / (one / 4), 3),
         "fsdp2_memory_per_rank_ratio": round(per_rank["fsdp2"] / (one / 2), 3),
+        "hsdp_memory_per_rank_ratio": round(per_rank["hsdp4"] / (one / 2), 3),
     }
 
 
@@ -168,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (6 if args.quick else 12)
     repeats = args.repeats or (4 if args.quick else 6)
     if args.worker:
-        worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps)
+        worker(Path(args.worker[0]), Path(args.worker[1]), json.loads(args.worker[2]), steps, measure)
         return 0
 
     summary: dict = {}
@@ -300,7 +289,7 @@ def fsdp_figures(quick: bool, steps: int, repeats: int) -> dict:
         order = [list(KINDS) if index % 2 == 0 else list(KINDS)[::-1] for index in range(repeats)]
         alternated = [[kind, KINDS[kind]] for kinds in order for kind in kinds]
         at_2_rows = launch(root, "two", 2, ranked_config, alternated, steps)
-        at_4_rows = launch(root, "four", 4, ranked_config, [[kind, KINDS[kind]] for kind in KINDS], steps)
+        at_4_rows = launch(root, "four", 4, ranked_config, [list(pair) for pair in KINDS_AT_4.items()], steps)
         wall_s = time.perf_counter() - started
 
     at_2 = {name: row for name, row in at_2_rows}  # the last repeat of each

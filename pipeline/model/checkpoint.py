@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +129,42 @@ def _verified_load(path: Path, expected: str, what: str) -> Any:
         raise CheckpointError(f"{path} cannot be loaded with weights_only=True: {exc}") from exc
 
 
-class Checkpointer:
-    """The checkpoint files of one folder (a run's ``checkpoints/``, or one pp rank's shard folder)."""
+class _StepFolder:
+    """What both checkpoint formats share: the folder a run's steps are in, and how many of them it keeps."""
 
     def __init__(self, folder: Path, keep_last: int = 3) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         self.folder = Path(folder)
         self.keep_last = keep_last
+
+    def steps(self) -> list[int]:
+        raise NotImplementedError
+
+    def expired_steps(self) -> list[int]:
+        """The steps a save removes: all but the newest ``keep_last``."""
+        return self.steps()[: -self.keep_last]
+
+
+def _newest_that_loads(steps: list[int], load: Callable[[int], Any], folders: str) -> tuple[int, Any] | None:
+    """The newest of ``steps`` that ``load`` (a CheckpointError when it is corrupt) loads, with what it gave;
+    a corrupt one is skipped with a warning. None when there are no steps; CheckpointError when none loads,
+    rather than silently starting over."""
+    for step in reversed(steps):
+        try:
+            return step, load(step)
+        except CheckpointError as exc:
+            log.warning("skipping a corrupt checkpoint, trying the previous one: %s", exc)
+    if steps:
+        raise CheckpointError(
+            f"none of the {len(steps)} checkpoint(s) in {folders} can be loaded (see the warnings); "
+            "move them away, or set train.resume=false to discard them and start over"
+        )
+    return None
+
+
+class Checkpointer(_StepFolder):
+    """The checkpoint files of one folder (a run's ``checkpoints/``, or one pp rank's shard folder)."""
 
     def path_for(self, step: int) -> Path:
         return self.folder / step_file(step)
@@ -171,7 +200,7 @@ class Checkpointer:
         os.replace(temporary_checksum, checksum)
         os.replace(temporary, target)
         _fsync_folder(self.folder)
-        for old in self.steps()[: -self.keep_last]:
+        for old in self.expired_steps():
             self.path_for(old).unlink(missing_ok=True)
             self.path_for(old).with_name(self.path_for(old).name + CHECKSUM_SUFFIX).unlink(missing_ok=True)
         return target
@@ -205,18 +234,8 @@ def load_latest_of(shards: list[Checkpointer]) -> tuple[int, list[dict[str, Any]
     each shard's state; ``Checkpointer.load_latest``'s rules otherwise (a step missing from a shard counts as
     corrupt)."""
     steps = sorted(set().union(*(shard.steps() for shard in shards)))
-    for step in reversed(steps):
-        try:
-            return step, [shard.load(step) for shard in shards]
-        except CheckpointError as exc:
-            log.warning("skipping a corrupt checkpoint, trying the previous one: %s", exc)
-    if steps:
-        folders = ", ".join(str(shard.folder) for shard in shards)
-        raise CheckpointError(
-            f"none of the {len(steps)} checkpoint(s) in {folders} can be loaded (see the warnings); "
-            "move them away, or set train.resume=false to discard them and start over"
-        )
-    return None
+    folders = ", ".join(str(shard.folder) for shard in shards)
+    return _newest_that_loads(steps, lambda step: [shard.load(step) for shard in shards], folders)
 
 
 def shard_checkpointers(checkpoints: Path, ranks: int) -> list[Checkpointer]:
@@ -351,18 +370,12 @@ def gathered_digests(
     return gathered
 
 
-class DistributedCheckpointer:
+class DistributedCheckpointer(_StepFolder):
     """The DCP checkpoints of one run's ``checkpoints/`` folder: one folder per step, written by every rank.
 
     ``write_shards`` (collective) has every rank write its shards into the step's partial folder; rank 0 then
     ``publish``-es it: ``state.pt``, the checksums of every file, and the folder renamed into place. A step
     is complete, hence visible, only once all of that is done; ``load_state`` verifies every file again."""
-
-    def __init__(self, folder: Path, keep_last: int = 3) -> None:
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
-        self.folder = Path(folder)
-        self.keep_last = keep_last
 
     def path_for(self, step: int) -> Path:
         return self.folder / f"step-{step:06d}"
@@ -418,7 +431,7 @@ class DistributedCheckpointer:
             shutil.rmtree(target)
         os.replace(partial, target)
         _fsync_folder(self.folder)
-        for old in self.steps()[: -self.keep_last]:
+        for old in self.expired_steps():
             shutil.rmtree(self.path_for(old), ignore_errors=True)
         return target
 
@@ -459,18 +472,7 @@ class DistributedCheckpointer:
 
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest step that verifies (``load_state``); ``Checkpointer.load_latest``'s rules otherwise."""
-        steps = self.steps()
-        for step in reversed(steps):
-            try:
-                return step, self.load_state(step)
-            except CheckpointError as exc:
-                log.warning("skipping a corrupt checkpoint, trying the previous one: %s", exc)
-        if steps:
-            raise CheckpointError(
-                f"none of the {len(steps)} checkpoint(s) in {self.folder} can be loaded (see the warnings); "
-                "move them away, or set train.resume=false to discard them and start over"
-            )
-        return None
+        return _newest_that_loads(self.steps(), self.load_state, str(self.folder))
 
     def read_sharded(self, step: int, template: dict[str, Any], process_group: Any = None) -> None:
         """Collective: fill ``template`` (this rank's sharded state dicts, any layout) in place from the step's

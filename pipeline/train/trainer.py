@@ -549,6 +549,7 @@ class Trainer(Stateful):
         """
         train, ctx = self.train_config, self.ctx
         status = "FAILED"
+        ending: BaseException | None = None
         progress = tqdm(
             total=train.steps,
             initial=self.step,
@@ -599,13 +600,19 @@ class Trainer(Stateful):
             manifest = self._publish()
             status = "FINISHED"
             return manifest
-        except TrainingStopped:
-            status = "KILLED"
+        except BaseException as exc:
+            if isinstance(exc, TrainingStopped):
+                status = "KILLED"
+            ending = exc
             raise
         finally:
             progress.close()
             self.metrics.close(status)
             self.ctx.close()
+            if self._output_entered:
+                # Published, stopped or failed: the run is not locked for the rest of this process's life (one
+                # that trains in-process and goes on, as tests and benchmarks do, would keep a launch out).
+                self.output.__exit__(type(ending) if ending else None, ending, None)
 
     def _data_figures(self) -> dict[str, Any]:
         """Samples drawn and passes made per declared mixture source, for run.json and the manifest; none for

@@ -1,4 +1,5 @@
-"""A small tokenized corpus for trainer tests, written without Spark: a real BPE over generated text."""
+"""What the trainer tests share: a small tokenized corpus written without Spark (a real BPE over generated text),
+the processes they start and kill, and one training launched under torchrun or run in this process."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from pipeline.config import PipelineConfig
+from pipeline.core.manifest import Manifest
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.data.mixture import TOKENIZER_FACTS
 from pipeline.data.shards import ShardWriter
@@ -339,3 +341,52 @@ def losses(config: PipelineConfig, snapshot: str, staging: bool = False) -> list
 def write_config(config: PipelineConfig, path: Path) -> Path:
     path.write_text(config.to_yaml())
     return path
+
+
+# --- one training, as the multi-process tests start it ------------------------------------------------------
+
+
+def prepared(root: Path, snapshot: str, *overrides: str) -> tuple[PipelineConfig, Path]:
+    """A ``train_config`` on ``root/data``, the token corpus of ``snapshot`` there, and the config file a
+    launch reads (``root/config.yaml``)."""
+    config = train_config(root / "data", *overrides)
+    write_token_corpus(config, snapshot)
+    return config, write_config(config, root / "config.yaml")
+
+
+def standalone(
+    path: Path,
+    snapshot: str,
+    ranks: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    expect_success: bool = True,
+) -> str:
+    """``torchrun --standalone --nproc-per-node=<ranks> <args>`` of a written config, to its end: its output."""
+    process = torchrun(["--standalone", f"--nproc-per-node={ranks}", *args], path, snapshot, env=env)
+    return finish(process, expect_success=expect_success)
+
+
+def launched(
+    root: Path,
+    snapshot: str,
+    ranks: int,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    expect_success: bool = True,
+) -> tuple[PipelineConfig, Path, str]:
+    """``prepared`` then ``standalone``: the config, its file and the launch's output."""
+    config, path = prepared(root, snapshot, *overrides)
+    return config, path, standalone(path, snapshot, ranks, env=env, expect_success=expect_success)
+
+
+def trained_in_one_process(root: Path, snapshot: str, *overrides: str) -> tuple[PipelineConfig, Manifest]:
+    """A ``train_config`` on ``root/data`` trained here as a one-rank group (no torchrun): the config and its
+    published manifest."""
+    from pipeline.train.trainer import train  # torch: only for the tests that train here
+
+    config = single_process(train_config(root / "data", *overrides), root)
+    write_token_corpus(config, snapshot)
+    manifest = train(config, snapshot)
+    assert manifest is not None
+    return config, manifest

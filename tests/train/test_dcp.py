@@ -1,6 +1,6 @@
 """Distributed checkpoints (``train.checkpoint_format=dcp``): every rank writes its shards, a step resumes at
-another layout (fsdp 2 -> 1 and 2 -> 4 ranks, pp 2 -> 1) with the data and the losses an uninterrupted run at
-the new layout has, an asynchronous save killed mid-write leaves nothing visible and the previous step loads,
+another layout (fsdp 2 -> 1 and 2 -> 4 ranks; one process -> pp 2 x fsdp 2, saving asynchronously -> one
+process) with the data and the losses an uninterrupted run at the new layout has, an asynchronous save killed mid-write leaves nothing visible and the previous step loads,
 Muon's state survives the round trip, and the readers (export, evaluation, generation) read the new format as
 they read the old one."""
 
@@ -28,16 +28,17 @@ from pipeline.model.trained import TrainedRun
 from pipeline.train.components.checkpoint_manager import DistributedCheckpointManager
 from pipeline.train.components.optimizer import build_optimizer
 from pipeline.train.distributed.parallelism import ShardedModelState, ShardedOptimizerState
-from pipeline.train.trainer import train
+from pipeline.train.fault_injection import ENV_FAULT
+from pipeline.train.trainer import TrainingStopped, train
 from tests.conftest import make_config
 from tests.train.support import (
-    finish,
+    TORCHRUN_RUN,
+    launched,
     losses,
     single_process,
-    torchrun,
     train_config,
+    trained_in_one_process,
     unfinished_run,
-    write_config,
     write_token_corpus,
 )
 
@@ -50,22 +51,15 @@ DCP = ("train.checkpoint_format=dcp",)
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """One uninterrupted process in today's format (one torch.save file a step): losses and final weights."""
-    root = tmp_path_factory.mktemp("one")
-    config = single_process(train_config(root / "data", *SMALL, "train.batch_size=8"), root)
-    write_token_corpus(config, SNAPSHOT)
-    train(config, SNAPSHOT)
+    config, _ = trained_in_one_process(tmp_path_factory.mktemp("one"), SNAPSHOT, *SMALL, "train.batch_size=8")
     # The old format still reads through the readers' one entry point.
     model = load_model(DatasetRef.of(config, "train", SNAPSHOT).path / "checkpoints")
     return losses(config, SNAPSHOT), model.state_dict()
 
 
 def launch(root, ranks: int, *overrides: str, env=None, expect_success=True):
-    config = train_config(root / "data", *SMALL, *DCP, *overrides)
-    write_token_corpus(config, SNAPSHOT)
-    path = write_config(config, root / "config.yaml")
-    output = finish(
-        torchrun(["--standalone", f"--nproc-per-node={ranks}"], path, SNAPSHOT, env=env),
-        expect_success=expect_success,
+    config, _, output = launched(
+        root, SNAPSHOT, ranks, *SMALL, *DCP, *overrides, env=env, expect_success=expect_success
     )
     return config, output
 
@@ -113,26 +107,49 @@ def test_fsdp_run_killed_mid_async_save_resumes_at_one_and_at_four_ranks(one_pro
 
 
 @pytest.mark.slow
-def test_pipeline_checkpoint_resumes_in_one_process_and_export_reads_it(one_process, tmp_path):
+def test_one_process_step_resumes_at_pp2_x_fsdp2_whose_async_step_resumes_in_one_process(
+    one_process, tmp_path, monkeypatch
+):
     expected, final_weights = one_process
-    pipeline = ("train.pp_degree=2", "train.nproc_per_node=2", "train.batch_size=8")
+    # One process, stopped (SIGTERM to itself) after step 3: whole tensors, under the run torchrun resumes.
+    first = single_process(
+        train_config(tmp_path / "data", *SMALL, *DCP, "train.batch_size=8", f"train.run_id={TORCHRUN_RUN}"),
+        tmp_path,
+    )
+    write_token_corpus(first, SNAPSHOT)
+    monkeypatch.setenv(ENV_FAULT, "SIGTERM@3")
+    with pytest.raises(TrainingStopped):
+        train(first, SNAPSHOT)
+    monkeypatch.delenv(ENV_FAULT)
+    folder = unfinished_run(first, SNAPSHOT) / "checkpoints"
+    assert DistributedCheckpointer(folder).steps() == [2, 3]
+
+    # 1 -> pp 2 x fsdp 2 (4 ranks; 2 stages, each sharded over 2 ranks), saving asynchronously, preempted
+    # after step 5: DCP reshards the whole tensors into each rank's stage and shard.
+    pipeline = (
+        "train.pp_degree=2",
+        "train.nproc_per_node=4",
+        "train.batch_size=4",
+        "train.data_parallel=fsdp",
+        "train.checkpoint_async=true",
+    )
     config, output = launch(
         tmp_path,
-        2,
+        4,
         *pipeline,
-        env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@3:rank=0:to=launcher"},
+        env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@5:rank=0:to=launcher"},
         expect_success=False,
     )
-    folder = unfinished_run(config, SNAPSHOT) / "checkpoints"
-    assert DistributedCheckpointer(folder).steps() == [2, 3], output[-5000:]
-    # Each pp rank wrote its own stage's shards into the one folder.
-    written = {path.name for path in DistributedCheckpointer(folder).path_for(3).iterdir()}
-    assert {"__0_0.distcp", "__1_0.distcp"} <= written
+    assert DistributedCheckpointer(folder).steps() == [3, 4, 5], output[-5000:]
+    assert losses(config, SNAPSHOT, staging=True) == pytest.approx(expected[:5], abs=1e-4)
+    # Each of the 4 ranks wrote its own stage's shard into the one folder.
+    written = {path.name for path in DistributedCheckpointer(folder).path_for(5).iterdir()}
+    assert {f"__{rank}_0.distcp" for rank in range(4)} <= written
     # Read without a process group into the whole model, as export does: both stages' names are there.
     state = whole_model_checkpoint(latest_checkpoint(folder))
     GPT(GPTConfig(**state["model_config"])).load_state_dict(state["model"])
 
-    # pp 2 -> 1: resumed in one process, with one process's losses.
+    # pp 2 x fsdp 2 -> 1: resumed in one process, with one process's losses.
     one = single_process(train_config(tmp_path / "data", *SMALL, *DCP, "train.batch_size=8"), tmp_path)
     assert train(one, SNAPSHOT).rows["steps"] == 6
     assert losses(one, SNAPSHOT) == pytest.approx(expected, abs=1e-4)

@@ -4,7 +4,6 @@ after a killed worker, and a preempted (SIGTERM) job resumed on another number o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,32 +14,26 @@ from pipeline.train.trainer import train
 from tests.train.support import (
     finish,
     free_port,
+    launched,
     losses,
+    prepared,
     single_process,
+    standalone,
     torchrun,
     train_config,
+    trained_in_one_process,
     unfinished_run,
-    write_config,
-    write_token_corpus,
 )
 
 pytestmark = pytest.mark.slow
 SNAPSHOT = "dist"
-STANDALONE = ["--standalone", "--nproc-per-node=2"]
-
-
-def prepared(root: Path, *overrides: str):
-    config = train_config(root / "data", *overrides)
-    write_token_corpus(config, SNAPSHOT)
-    return config, write_config(config, root / "config.yaml")
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """An uninterrupted 2-process run: its losses and its published manifest."""
     root = tmp_path_factory.mktemp("reference")
-    config, path = prepared(root)
-    finish(torchrun(STANDALONE, path, SNAPSHOT))
+    config, _, _ = launched(root, SNAPSHOT, 2)
     return losses(config, SNAPSHOT), DatasetRef.of(config, "train", SNAPSHOT).manifest()
 
 
@@ -48,16 +41,14 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(referen
     expected, manifest = reference
     assert manifest.extra["world_size"] == 2
     # One rank with twice the per-rank batch sees the same 8 windows per step (the loader splits one order).
-    config = single_process(train_config(tmp_path / "data", "train.batch_size=8"), tmp_path)
-    write_token_corpus(config, SNAPSHOT)
-    single = train(config, SNAPSHOT)
+    config, single = trained_in_one_process(tmp_path, SNAPSHOT, "train.batch_size=8")
     assert single.extra["world_size"] == 1
     assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)  # float reduction order only
     assert expected[-1] < expected[0] - 1.0
 
 
 def test_two_torchrun_agents_rendezvous_on_localhost_and_match_one_agent(reference, tmp_path):
-    config, path = prepared(tmp_path)
+    config, path = prepared(tmp_path, SNAPSHOT)
     nodes = [
         "--nnodes=2",
         "--nproc-per-node=1",
@@ -74,14 +65,9 @@ def test_two_torchrun_agents_rendezvous_on_localhost_and_match_one_agent(referen
 
 
 def test_killed_worker_restarts_the_group_from_the_latest_checkpoint(reference, tmp_path):
-    config, path = prepared(tmp_path)
-    output = finish(
-        torchrun(
-            [*STANDALONE, "--max-restarts=1"],
-            path,
-            SNAPSHOT,
-            env={"PRETRAIN_TRAIN_FAULT": "SIGKILL@5:rank=1"},
-        )
+    config, path = prepared(tmp_path, SNAPSHOT)
+    output = standalone(
+        path, SNAPSHOT, 2, "--max-restarts=1", env={"PRETRAIN_TRAIN_FAULT": "SIGKILL@5:rank=1"}
     )
     manifest = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert manifest.extra["restarts"] == 1
@@ -101,10 +87,12 @@ def test_killed_worker_restarts_the_group_from_the_latest_checkpoint(reference, 
 
 
 def test_preempted_job_checkpoints_and_resumes_on_one_process(reference, tmp_path):
-    config, path = prepared(tmp_path)
     # SIGTERM to the torchrun agent, as a scheduler preempting the job would send it.
-    output = finish(
-        torchrun(STANDALONE, path, SNAPSHOT, env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@5:rank=0:to=launcher"}),
+    config, _, output = launched(
+        tmp_path,
+        SNAPSHOT,
+        2,
+        env={"PRETRAIN_TRAIN_FAULT": "SIGTERM@5:rank=0:to=launcher"},
         expect_success=False,
     )
     checkpoints = Checkpointer(unfinished_run(config, SNAPSHOT) / "checkpoints")

@@ -1,7 +1,8 @@
 """FSDP2 (``train.data_parallel=fsdp``) under torchrun on CPU (gloo): 2 ranks, HSDP 2x2 and pp=2 x fsdp=2, train the
-model one process trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model format (under
-FSDP, and in one process without it), HSDP's DCP checkpoint resumes in one process, the layouts FSDP and HSDP cannot
-run are refused when the config loads, and Muon under FSDP orthogonalises whole matrices."""
+model one process trains, a preempted FSDP job resumes where it stopped from a checkpoint in the one whole-model
+format (under FSDP, and in one process without it), HSDP's DCP checkpoint resumes in one process and on 2 ranks of
+plain FSDP, the layouts FSDP and HSDP cannot run are refused when the config loads, and Muon under FSDP
+orthogonalises whole matrices."""
 
 from __future__ import annotations
 
@@ -20,14 +21,13 @@ from pipeline.model.gpt import GPT
 from pipeline.train.trainer import train
 from tests.conftest import make_config
 from tests.train.support import (
-    finish,
+    launched,
     losses,
     single_process,
-    torchrun,
+    standalone,
     train_config,
+    trained_in_one_process,
     unfinished_run,
-    write_config,
-    write_token_corpus,
 )
 
 SNAPSHOT = "fsdp"
@@ -39,25 +39,16 @@ SMALL = ("train.steps=6", "train.checkpoint_every=3", "train.eval_sequences=9")
 
 def fsdp_run(root, ranks: int, *overrides: str, env=None, expect_success=True):
     """``ranks`` FSDP processes with the global batch of 8 windows a step (one process's batch_size=8)."""
-    config = train_config(
-        root / "data", *SMALL, "train.data_parallel=fsdp", f"train.batch_size={8 // ranks}", *overrides
-    )
-    write_token_corpus(config, SNAPSHOT)
-    path = write_config(config, root / "config.yaml")
-    output = finish(
-        torchrun(["--standalone", f"--nproc-per-node={ranks}"], path, SNAPSHOT, env=env),
-        expect_success=expect_success,
-    )
-    return config, path, output
+    fsdp = (*SMALL, "train.data_parallel=fsdp", f"train.batch_size={8 // ranks}", *overrides)
+    return launched(root, SNAPSHOT, ranks, *fsdp, env=env, expect_success=expect_success)
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """One process (no data parallelism) with the same global batch: its losses, manifest and final weights."""
-    root = tmp_path_factory.mktemp("one")
-    config = single_process(train_config(root / "data", *SMALL, "train.batch_size=8"), root)
-    write_token_corpus(config, SNAPSHOT)
-    manifest = train(config, SNAPSHOT)
+    config, manifest = trained_in_one_process(
+        tmp_path_factory.mktemp("one"), SNAPSHOT, *SMALL, "train.batch_size=8"
+    )
     final = whole_model_checkpoint(
         DatasetRef.of(config, "train", SNAPSHOT).path / manifest.extra["checkpoint"]
     )
@@ -126,6 +117,16 @@ def test_hsdp_trains_like_one_process_and_its_dcp_checkpoint_resumes_in_one_proc
     state = whole_model_checkpoint(checkpoints.path_for(4))
     GPT(GPTConfig(**state["model_config"])).load_state_dict(state["model"])
 
+    # HSDP 2x2 -> plain FSDP on 2 ranks (a copy of the stopped run): DCP reshards each tensor's (replicate,
+    # shard) placement over one dimension of 2, and the run ends with the uninterrupted losses.
+    shutil.copytree(tmp_path / "data", tmp_path / "fsdp2" / "data")
+    fsdp2, _, _ = fsdp_run(tmp_path / "fsdp2", 2, "train.checkpoint_format=dcp")
+    assert losses(fsdp2, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
+    run = DatasetRef.of(fsdp2, "train", SNAPSHOT)
+    assert run.manifest().extra["world_size"] == 2 and run.manifest().extra["dp_replicate"] == 1
+    # Steps 3 and 4 are HSDP's (4 only SIGTERM wrote): the run resumed rather than started over.
+    assert DistributedCheckpointer(run.path / "checkpoints").steps() == [3, 4, 6]
+
     # HSDP 2x2 -> one process without FSDP: the DTensor shards load as whole tensors, the data goes on at
     # step 5, and the run ends with one process's losses, validation loss and weights.
     one = single_process(
@@ -164,7 +165,7 @@ def test_preempted_fsdp_job_resumes_from_a_whole_model_checkpoint(one_process, t
     assert train(plain, SNAPSHOT).rows["steps"] == 6
     assert losses(plain, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
 
-    finish(torchrun(["--standalone", "--nproc-per-node=2"], path, SNAPSHOT))
+    standalone(path, SNAPSHOT, 2)
     assert losses(config, SNAPSHOT) == pytest.approx(expected, abs=1e-4)
     final = DatasetRef.of(config, "train", SNAPSHOT).manifest()
     assert final.rows["steps"] == 6
@@ -208,11 +209,7 @@ def final_checkpoint(config) -> dict:
 def test_muon_under_fsdp_orthogonalises_whole_matrices_as_one_process_does(tmp_path):
     # FSDP hands torch.optim.Muon each matrix as a DTensor row-sharded over the ranks; DTensor runs the
     # Newton-Schulz iteration as the whole matrix's (gathering where an op needs it), not each rank's rows alone.
-    single = single_process(
-        train_config(tmp_path / "one" / "data", *SMALL, *MUON, "train.batch_size=8"), tmp_path
-    )
-    write_token_corpus(single, SNAPSHOT)
-    train(single, SNAPSHOT)
+    single, _ = trained_in_one_process(tmp_path / "one", SNAPSHOT, *SMALL, *MUON, "train.batch_size=8")
     expected = losses(single, SNAPSHOT)
     config, _, _ = fsdp_run(tmp_path / "fsdp", 2, *MUON)
     # Within the bf16 iteration's rounding (seen: 6.4e-4), as DDP's Muon is.

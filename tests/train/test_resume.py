@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 
 import pytest
 import torch
 
+from pipeline.core.locks import lock_path
 from pipeline.core.storage import DatasetRef
 from pipeline.model.checkpoint import Checkpointer, CheckpointError
 from pipeline.train.fault_injection import ENV_FAULT
-from pipeline.train.launcher.runs import RunRecord, decide_run
+from pipeline.train.launcher.runs import RunRecord, decide_run, run_ref
 from pipeline.train.trainer import Trainer, TrainingStopped, train
 from tests.train.support import losses, single_process, train_config, unfinished_run, write_token_corpus
 
@@ -78,7 +81,23 @@ def test_sigterm_checkpoints_and_resume_repeats_the_uninterrupted_run_bit_for_bi
     assert state["train_state"]["step"] == 5 and state["dataloader"]["position"] == 5 * 2 * 4
     assert not DatasetRef.of(config, "train", SNAPSHOT).is_complete()  # nothing published yet
     assert losses(config, SNAPSHOT, staging=True) == uninterrupted[0][:5]
+    # The stopped run is not locked for the rest of this process's life, so a launch from here can resume it
+    # (the trainer kept its output's lock after a stop until a test resuming in torchrun ran into it).
+    stopped_run = run_ref(config, SNAPSHOT, RunRecord.read(unfinished_run(config, SNAPSHOT)).run_id)
+    assert not locked(lock_path(stopped_run.path))
     assert_same_run(single_process(config, tmp_path), uninterrupted)
+
+
+def locked(lock_file) -> bool:
+    """Whether a writer holds ``lock_file`` (this process included: flock belongs to the open file)."""
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_the_run_resumes(uninterrupted, tmp_path, monkeypatch):
