@@ -27,10 +27,13 @@ beside the default, so the decision accuracy of both is in one run.
     .venv/bin/python benchmarks/ablate.py --smoke    # ladder 0%/50% and the recipe, tiny: a test runs it
 
 ``--smoke`` (tests/benchmarks/test_smoke.py) is the same code path on the smallest input: the ladder's two
-rungs and the recipe at one size, two seeds, no A/A control or classifier unless asked, a few thousand tokens
-per training; its figures mean nothing. What a run costs is its processes and Spark jobs, not its tokens:
-every variant's corpus stages (a chain of small Spark jobs each; with ``SPARK_REMOTE`` set they attach to a
-warm Spark Connect server instead of starting a JVM) and every training (a torchrun process).
+rungs and the recipe at 40 pages, two seeds (the fewest the paired test takes), no A/A control or classifier
+unless asked, 2,048 tokens (4 steps, 2 checkpoints scored) per training; its figures mean nothing. What a run
+costs is its processes and Spark jobs, not its tokens: every variant's corpus stages (a chain of small Spark
+jobs each; with ``SPARK_REMOTE`` set they attach to a warm Spark Connect server instead of starting a JVM)
+and every training (a torchrun process: 8 in all). So a smoke run starts a check's 4 trainings side by side
+(``--parallel 4``) and leaves out their MLflow runs and TensorBoard events (``tracking.stage_runs=false``,
+``tracking.tensorboard=false``), records it never reads; the comparison is still recorded in MLflow.
 
 The last line printed is one JSON object.
 """
@@ -56,6 +59,12 @@ from benchmarks.smoke import add_smoke_flag  # noqa: E402
 
 REFERENCE_DOCUMENTS = 120  # held-out documents: more of them shrink the document share of the noise
 SMOKE_REFERENCE_DOCUMENTS = 20
+SMOKE_TOKENS = 2_048
+SMOKE_PARALLEL = 4  # every training of a check side by side: each is mostly its processes' start
+# What a smoke run's trainings leave out: their MLflow runs and TensorBoard events (and so the sample
+# generations), records no smoke figure reads; tests/train and tests/tracking cover them. The comparison
+# is still recorded in MLflow (pipeline.ablate.compare.track).
+SMOKE_OVERRIDES = ["tracking.stage_runs=false", "tracking.tensorboard=false"]
 CLASSIFIER = "rules+dedup+classifier"
 CLASSIFIER_MODEL = "quality"  # the train_classifier snapshot the variant scores with
 CALIBRATION_KEEP = 0.95  # the classifier's threshold keeps this share of unseen prose
@@ -354,7 +363,12 @@ def main() -> int:
     )
     add_smoke_flag(parser)
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary folder)")
-    parser.add_argument("--parallel", type=int, default=2, help="trainings side by side (default 2)")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help=f"trainings side by side (default 2; --smoke: {SMOKE_PARALLEL})",
+    )
     parser.add_argument("--old-proxy", action="store_true", help="also run the ladder with the old proxy")
     parser.add_argument(
         "--checks",
@@ -374,6 +388,8 @@ def main() -> int:
     if not checks <= {"ladder", "recipe", "aa"}:
         parser.error(f"--checks: ladder, recipe and aa only, not {sorted(checks)}")
     with_classifier = (not (args.quick or args.smoke)) if args.classifier is None else args.classifier
+    if args.parallel is None:
+        args.parallel = SMOKE_PARALLEL if args.smoke else 2
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-ablate-"))
     common = [
@@ -386,9 +402,12 @@ def main() -> int:
     seeds = [0, 1, 2]
     tokens_per_page = 150  # about one epoch of what rules+dedup keeps of the constructed corpus
     reference_documents = REFERENCE_DOCUMENTS
-    if args.smoke:  # 2 seeds: the fewest the paired test takes; 16 training steps of 512 tokens each
-        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [40], 40, 8_192
-        seeds, tokens_per_page, reference_documents = [0, 1], 200, SMOKE_REFERENCE_DOCUMENTS
+    if args.smoke:
+        # 2 rungs and 2 seeds: the fewest the pairwise steps and the paired test take; 4 training steps of
+        # 512 tokens (2,048 tokens; 51 per page at 40 pages), so the 2 eval points are 2 checkpoints.
+        rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [40], 40, SMOKE_TOKENS
+        seeds, tokens_per_page, reference_documents = [0, 1], SMOKE_TOKENS // 40, SMOKE_REFERENCE_DOCUMENTS
+        common += SMOKE_OVERRIDES
     elif args.quick:
         rungs, sizes, slots, ladder_tokens = ["junk0", "junk50"], [600], 320, 160_000
     else:

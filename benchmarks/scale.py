@@ -8,11 +8,11 @@ tokenize on generated corpora of 10,000, 100,000 and 1,000,000 documents, on ``l
     .venv/bin/python benchmarks/scale.py --smoke                 # 60 documents in a temporary folder
 
 ``--smoke`` (tests/benchmarks/test_smoke.py) is the same code path on the smallest input: one size of 60
-documents (its exponents and growth figures are null: they need two), fewer classifier examples and a
-smaller model, its corpora, plot and figures in a temporary folder (never ``docs/img`` or
-``scale_figures.json``); its figures mean nothing. What a run costs is its processes, not its documents: 8
-at one size (six stages, the classifier, the tokenizer), 14 at two (a draft with two sizes took 7.7 minutes
-at load 10). With ``SPARK_REMOTE`` set to a warm Spark Connect server each stage attaches instead of starting
+documents (its exponents are null and its growths 1: a slope needs two sizes), fewer classifier examples and
+a smaller model, no stage's MLflow run (``tracking.stage_runs=false``), its corpora, plot and figures in a
+temporary folder (never ``docs/img`` or ``scale_figures.json``); its figures mean nothing. What a run costs
+is its processes, not its documents: 8 at one size (six stages, the classifier, the tokenizer), 14 at two (a
+draft with two sizes took 7.7 minutes at load 10). With ``SPARK_REMOTE`` set to a warm Spark Connect server each stage attaches instead of starting
 a JVM, and then the event-log figures (shuffle, JVM heap) are 0, since the server's JVM keeps its own log.
 
 Each stage runs as its own process (``pretrain <stage>``), as Airflow runs it, with Spark's event log on.
@@ -258,9 +258,9 @@ def pretrain(*arguments: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())", *arguments]
 
 
-def write_config(work: Path, master: str, bucket: int = 200_000) -> Path:
+def write_config(work: Path, master: str, bucket: int = 200_000, tracked: bool = True) -> Path:
     """One config for every run (spark.master aside): the data root, the corpus, the event log; ``bucket``:
-    the classifier's fastText hash buckets."""
+    the classifier's fastText hash buckets; ``tracked``: each stage records an MLflow run (as by default)."""
     import yaml
 
     local = master.startswith("local")
@@ -289,6 +289,7 @@ def write_config(work: Path, master: str, bucket: int = 200_000) -> Path:
         "classify": {"models": [{"name": CLASSIFIER, "trained": CLASSIFIER, "threshold": 0.5}]},
         "decontaminate": {"sets": [{"name": "bench", "kind": "file", "path": str(work / "items.jsonl")}]},
         "tokenize": {"tokenizer": TOKENIZER},
+        **({} if tracked else {"tracking": {"stage_runs": False}}),
     }
     path = work / f"config-{'local' if local else 'cluster'}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -502,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work / "data", ignore_errors=True)  # each run measures from scratch; corpora are kept
     (work / "logs").mkdir(parents=True, exist_ok=True)
     write_references(work, args.seed, SMOKE_REFERENCE_TEXTS if args.smoke else REFERENCE_TEXTS)
-    config = write_config(work, "local[2]", 20_000 if args.smoke else 200_000)
+    # --smoke: no stage's MLflow run (importing MLflow and opening its store is a few CPU seconds of each
+    # of the 8 processes; tests/tracking covers it): what a smoke run checks is this script's code.
+    config = write_config(work, "local[2]", 20_000 if args.smoke else 200_000, tracked=not args.smoke)
     load_before = os.getloadavg()
     results: dict[int, dict[str, dict]] = {}
     quality: dict[int, dict] = {}

@@ -9,7 +9,9 @@ local mode stays tested by the stage modules and the end-to-end test."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,9 +22,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_benchmark(script: str, *arguments: str, remote: str | None = None) -> dict:
-    """``remote``: a Spark Connect server the benchmark's Spark sessions attach to."""
-    env = {**os.environ, "SPARK_REMOTE": remote} if remote else None
+def run_benchmark(
+    script: str, *arguments: str, remote: str | None = None, tmpdir: Path | None = None
+) -> dict:
+    """``remote``: a Spark Connect server the benchmark's Spark sessions attach to; ``tmpdir``: where its
+    temporary folders go (``TMPDIR``)."""
+    env = {**os.environ, **({"SPARK_REMOTE": remote} if remote else {})}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     finished = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *arguments],
         capture_output=True,
@@ -149,3 +156,52 @@ def test_quality_runs_the_stage_at_both_sizes(spark_connect, tmp_path):
     result = run_benchmark("quality.py", "--smoke", "--out", str(tmp_path), remote=spark_connect.url)
     assert result["docs_1x"] == 40 and result["sample_docs"] == 20
     assert result["time_growth_4x"] > 0 and result["driver_peak_mb_growth_4x"] > 0
+
+
+@pytest.mark.slow
+def test_ablate_runs_the_ladder_and_the_recipe_through_the_paired_test(spark_connect, tmp_path):
+    """The ladder's two rungs and the recipe at one size, two seeds each (the fewest the paired test takes),
+    through run_ablation: corpus stages on the warm server, trainings, evaluation, comparison."""
+    result = run_benchmark("ablate.py", "--smoke", "--keep", str(tmp_path), remote=spark_connect.url)
+    assert result["smoke"] and not result["quick"]
+    assert result["sizes"] == [40] and result["seeds"] == 2
+    assert 0 <= result["ladder_p_value_max"] <= 1 and 0 <= result["recipe_p_value_max"] <= 1
+    assert isinstance(result["recipe_margin_bpb_min"], float) and math.isfinite(
+        result["recipe_margin_bpb_min"]
+    )
+    # A rung is resolved only by a "better" verdict (p < 0.05), and so is a recipe that wins.
+    assert isinstance(result["ladder_order_correct"], bool)
+    assert result["ladder_smallest_step_resolved_pct"] == (50 if result["ladder_order_correct"] else None)
+    if result["ladder_order_correct"]:
+        assert result["ladder_p_value_max"] < 0.05
+    if result["recipe_wins_everywhere"]:
+        assert result["recipe_p_value_max"] < 0.05 and result["recipe_margin_bpb_min"] > 0
+    # Neither asked for in --smoke: no old proxy, classifier or A/A control.
+    assert result["old_proxy_ladder_order_correct"] is None and result["classifier_vs_recipe"] == []
+    assert result["aa_repetitions"] == 0 and result["aa_false_finding_rate"] is None
+    assert (tmp_path / "data" / "sample" / "ablate" / "recipe-40" / "report.html").is_file()
+
+
+def file_digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+@pytest.mark.slow
+def test_scale_runs_every_stage_as_a_process_in_a_temporary_folder(spark_connect, tmp_path):
+    """Every stage as its own measured process at one size, dedup scored against the planted copies; the
+    plot and figures go to the temporary folder (TMPDIR here), never over the recorded ones."""
+    recorded = [ROOT / "docs" / "img" / "scale.png", ROOT / "benchmarks" / "scale_figures.json"]
+    before = [file_digest(path) for path in recorded]
+    result = run_benchmark("scale.py", "--smoke", remote=spark_connect.url, tmpdir=tmp_path)
+    assert [file_digest(path) for path in recorded] == before
+    (work,) = tmp_path.glob("bench-scale-*")
+    assert (work / "scale.png").is_file() and json.loads((work / "scale_figures.json").read_text()) == result
+    stages = ["ingest", "clean", "dedup", "classify", "decontaminate", "tokenize"]
+    assert result["sizes"] == [60] and result["stages"] == stages
+    for stage in stages:  # one size: no slope (the exponents need two), no growth
+        assert result[f"cost_exponent_{stage}"] is None and result[f"cpu_exponent_{stage}"] is None
+        measured = result["per_size"]["60"][stage]
+        assert measured["wall_s"] > 0 and measured["cpu_s"] > 0 and measured["peak_mb"]["driver"] > 0
+        assert measured["output_mb"] > 0
+    assert result["driver_peak_mb_growth_by_stage"] == dict.fromkeys(stages, 1.0)
+    assert 0 <= result["dedup_precision"]["60"] <= 1 and 0 <= result["dedup_recall"]["60"] <= 1
