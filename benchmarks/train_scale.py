@@ -24,7 +24,8 @@ per rank. One function per figure:
   and max as the spread; the goal is at most 0.2.
 - ``muon_tokens_to_adamw_loss`` (``benchmarks/train_scale_muon.py``, which also runs alone): the tokens Muon needs
   to reach AdamW's final validation loss over AdamW's, on the ``tiny`` preset and a 4-layer proxy, 2 seeds, the
-  same learning-rate search for both; ``muon_tokens_to_adamw_loss_ratio`` is their mean (below 1: Muon is faster;
+  same learning-rate search for both, on held-out English prose (that script's default ``--task text``; its
+  other tasks run from it alone); ``muon_tokens_to_adamw_loss_ratio`` is their mean (below 1: Muon is faster;
   the goal is at most 0.8), with its min and max.
 
 The last line printed is one JSON object.
