@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,11 @@ def airflow_db() -> Path:
         [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True, capture_output=True
     )
     return _AIRFLOW_HOME
+
+
+def pytest_unconfigure(config) -> None:
+    """The session's AIRFLOW_HOME (its metadata database and task logs) goes with the session."""
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 
 _MODULE_SECONDS: dict[str, float] = {}
