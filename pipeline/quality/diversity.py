@@ -21,18 +21,23 @@ Definitions (n documents, lower self-BLEU / BERTScore and higher Vendi mean more
   repetitive text compresses well (a low ratio). gzip adds 18 bytes of header and trailer, so texts of
   a few dozen bytes have a ratio above 1. Empty text has no ratio (ValueError); ``sample_diversity``
   leaves empty texts out of the ratio statistics.
+* ``lexical_diversity``: for n = 1, 2, the distinct lower-cased word n-grams (runs of word characters) of the whole
+  sample over all of them; None when the sample has no n-gram.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.embeddings import EncoderConfig, load_encoder
+
+_WORD = re.compile(r"\w+", re.UNICODE)
 
 # sacrebleu's 'zh' tokenizer puts spaces around each CJK ideograph (and CJK and full-width punctuation)
 # and then applies the same regular expressions as '13a'. One tokenizer has to serve the whole sample,
@@ -175,6 +180,16 @@ def compression_ratio(text: str) -> float:
     if not data:
         raise ValueError("compression_ratio: empty text")
     return len(gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)) / len(data)
+
+
+def lexical_diversity(texts: Sequence[str], max_n: int = 2) -> dict[str, float | None]:
+    """``distinct_{n}gram_ratio`` for n = 1..max_n: distinct word n-grams over all n-grams of ``texts``."""
+    words = [_WORD.findall(text.lower()) for text in texts]
+    ratios: dict[str, float | None] = {}
+    for n in range(1, max_n + 1):
+        grams = [tuple(tokens[i : i + n]) for tokens in words for i in range(len(tokens) - n + 1)]
+        ratios[f"distinct_{n}gram_ratio"] = len(set(grams)) / len(grams) if grams else None
+    return ratios
 
 
 def sample_diversity(

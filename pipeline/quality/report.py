@@ -19,13 +19,9 @@ Writes ``report.html`` (``page``: plots inline), ``metrics.json``, ``plots/*.png
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import math
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
-from pipeline.core.spark import aggregate, map_in_arrow, python_tasks, spark_schema, spark_session
+from pipeline.core.spark import aggregate, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.plots import plot_scores
 from pipeline.embeddings import EncoderConfig, encode
@@ -49,30 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STAGE = "quality"
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-NGRAM_SCHEMA = pa.schema([("n", pa.int32()), ("total", pa.int64()), ("hashes", pa.list_(pa.int64()))])
-
-
-def stable_hash64(text: str) -> int:
-    """Python's hash() is salted per process, so Spark workers would disagree; blake2b is not."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def ngram_batches(batches: Iterator[pa.RecordBatch], max_n: int) -> Iterator[pa.RecordBatch]:
-    """Per batch and n: how many word n-grams, and the set of their 64-bit hashes (for distinct counts)."""
-    for batch in batches:
-        words = [_WORD.findall(text.lower()) for text in batch.column("text").to_pylist()]
-        for n in range(1, max_n + 1):
-            seen: set[int] = set()
-            total = 0
-            for tokens in words:
-                grams = [stable_hash64(" ".join(tokens[i : i + n])) for i in range(len(tokens) - n + 1)]
-                total += len(grams)
-                seen.update(grams)
-            yield pa.RecordBatch.from_pydict(
-                {"n": [n], "total": [total], "hashes": [sorted(seen)]}, schema=NGRAM_SCHEMA
-            )
 
 
 def cosine_statistics(embeddings: np.ndarray) -> dict[str, float | None]:
@@ -166,9 +138,9 @@ def coverage(docs: DataFrame) -> Coverage:
     )
 
 
-def sample_documents(docs: DataFrame, config: PipelineConfig, documents: int) -> DataFrame:
-    """``quality.sample_docs`` documents by a seeded hash of the id (the same ones on every run), cached:
-    the lexical and semantic views both read it. ``documents``: how many ``docs`` holds."""
+def sample_documents(docs: DataFrame, config: PipelineConfig) -> DataFrame:
+    """``quality.sample_docs`` documents by a seeded hash of the id (the same ones on every run), for
+    ``collect_sample``."""
     from pyspark.sql import functions as F
 
     lang = F.col("lang") if "lang" in docs.columns else F.lit(None).cast("string")
@@ -177,28 +149,7 @@ def sample_documents(docs: DataFrame, config: PipelineConfig, documents: int) ->
         .orderBy("order", "id")
         .limit(config.quality.sample_docs)
         .select("id", "domain", lang.alias("lang"), "text")
-        .repartition(python_tasks(min(config.quality.sample_docs, documents), config), "id")
-        .cache()
     )
-
-
-def lexical_diversity(sample: DataFrame, max_n: int = 2) -> dict[str, float | None]:
-    """Distinct word n-grams over all n-grams of the sample, for n = 1..max_n."""
-    from pyspark.sql import functions as F
-
-    ngram_rows = map_in_arrow(
-        sample.select("text"), functools.partial(ngram_batches, max_n=max_n), spark_schema(NGRAM_SCHEMA)
-    )
-    distinct = (
-        ngram_rows.select("n", "total", F.explode("hashes").alias("h"))
-        .groupBy("n")
-        .agg(F.countDistinct("h").alias("distinct"))
-        .join(ngram_rows.groupBy("n").agg(F.sum("total").alias("total")), "n")
-        .collect()
-    )
-    return {
-        f"distinct_{row.n}gram_ratio": row.distinct / row.total if row.total else None for row in distinct
-    }
 
 
 @dataclass(frozen=True)
@@ -315,10 +266,8 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "n_chars", F.length("text")
         )
         covered = coverage(docs)
-        sampled = sample_documents(docs, config, covered.documents)
-        lexical = lexical_diversity(sampled)
+        sampled = sample_documents(docs, config)
         sample = collect_sample(sampled, quality.encoder)
-        sampled.unpersist()
         log.info("quality: %d documents, sample of %d embedded", covered.documents, len(sample.ids))
 
         topics = subject_view(sample, quality)
@@ -335,7 +284,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             "languages": covered.languages,
             **host_concentration([row["documents"] for row in covered.hosts]),
             **shares(steps),
-            **lexical,
+            **diversity.lexical_diversity(sample.texts),
             **cosine_statistics(sample.embeddings),
             **cluster_entropy(sample.embeddings, quality.clusters, config.project.seed),
             **diversity.sample_diversity(

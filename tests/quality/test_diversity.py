@@ -11,6 +11,7 @@ from pipeline.quality.diversity import (
     BLEU_TOKENIZER,
     bertscore_f1,
     compression_ratio,
+    lexical_diversity,
     plot_compression,
     sample_diversity,
     sample_pairs,
@@ -194,6 +195,33 @@ def test_compression_ratio_is_positive_and_deterministic(text):
 
 
 # --- the sample's metrics
+
+
+def test_lexical_diversity_by_hand():
+    # words: the cat saw the cat | The dog: 1-grams 7, distinct {the, cat, saw, dog} 4; 2-grams
+    # (the cat)(cat saw)(saw the)(the cat) and (the dog): 5, distinct 4; no 2-gram spans two documents
+    assert lexical_diversity(["the cat saw the cat!", "The dog"]) == {
+        "distinct_1gram_ratio": 4 / 7,
+        "distinct_2gram_ratio": 4 / 5,
+    }
+    assert lexical_diversity(["", "..."]) == {"distinct_1gram_ratio": None, "distinct_2gram_ratio": None}
+    assert lexical_diversity(["one"]) == {"distinct_1gram_ratio": 1.0, "distinct_2gram_ratio": None}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "Ab", "c", "ß", "长城"]), max_size=12), max_size=6))
+def test_lexical_diversity_counts_what_a_joined_string_count_counts(documents):
+    """Against an independent count: n-grams as space-joined strings over whitespace-split words."""
+    texts = [" ".join(words) for words in documents]
+    expected = {}
+    for n in (1, 2):
+        grams = [
+            " ".join(words[i : i + n]).lower()
+            for words in (text.split() for text in texts)
+            for i in range(len(words) - n + 1)
+        ]
+        expected[f"distinct_{n}gram_ratio"] = len(set(grams)) / len(grams) if grams else None
+    assert lexical_diversity(texts) == expected
 
 
 def test_sample_diversity_without_pairs_needs_no_encoder(tmp_path):

@@ -122,7 +122,7 @@ def test_quality_stage_report_matches_independent_recomputation(sample_corpus):
 
     spark = spark_session(config, "quality-test")
     docs = spark.read.parquet(str(clean.path / "documents")).withColumn("n_chars", F.length("text"))
-    again = collect_sample(sample_documents(docs, config, docs.count()), config.quality.encoder)
+    again = collect_sample(sample_documents(docs, config), config.quality.encoder)
     assert again.ids == embeddings.column("id").to_pylist()
     assert np.array_equal(
         again.embeddings, np.array(embeddings.column("embedding").to_pylist(), dtype=np.float32)
