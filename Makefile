@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYSPARK_PYTHON := $(abspath $(BIN))/python
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN))/python
 
-.PHONY: demo test test-fast lint typecheck format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster spark-server
+.PHONY: demo test test-fast lint typecheck format check-java venv bench-venv clean-data help es-test airflow chromium spark-cluster spark-server prototype-vectors
 
 help:
 	@echo "make demo   run the whole pipeline (crawl -> clean -> dedup -> tokenize -> train -> report) through Airflow"
@@ -21,6 +21,7 @@ help:
 	@echo "make format apply ruff formatting"
 	@echo "make bench-venv  create .venv-bench: the pinned environment plus the baselines benchmarks compare against"
 	@echo "make es-test ELASTICSEARCH_URL=...  the log shipper tests against a real Elasticsearch cluster"
+	@echo "make prototype-vectors  re-embed the bundled subject prototypes after changing pipeline/quality/subjects.yaml"
 	@echo "make chromium  fetch the pinned headless Chromium into .chromium/ (the browser tests fetch it themselves too)"
 
 venv: $(STAMP)
@@ -88,6 +89,11 @@ SPARK_CONNECT_PORT ?= 15002
 SPARK_CONNECT_MASTER ?= local[2]
 spark-server: $(STAMP) check-java
 	$(BIN)/python -m pipeline.core.spark_connect --port $(SPARK_CONNECT_PORT) --set 'spark.master=$(SPARK_CONNECT_MASTER)'
+
+# The bundled subject prototypes, embedded ahead of time by the bundled encoder (package data the quality
+# report reads instead of embedding them on every run): rerun after editing pipeline/quality/subjects.yaml.
+prototype-vectors: $(STAMP)
+	$(BIN)/python -c 'from pipeline.quality.subjects import write_prototype_vectors; print(write_prototype_vectors())'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

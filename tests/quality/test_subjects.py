@@ -225,6 +225,51 @@ def test_the_prototypes_file_ships_with_the_package():
     # setup.cfg's package_data takes *.yaml from every package; the module finds the file next to itself.
     assert subjects_module.DEFAULT_PROTOTYPES.name == "subjects.yaml"
     assert subjects_module.DEFAULT_PROTOTYPES.is_file()
+    assert subjects_module.PROTOTYPE_VECTORS.is_file()
+
+
+def test_the_stored_prototype_vectors_are_the_bundled_encoders_and_nothing_else():
+    """The package's prototype_vectors.npz holds, for each language of the bundled prototypes, what the bundled
+    encoder makes of them now, and no other entry: run `make prototype-vectors` when this fails."""
+    from pipeline.embeddings import encode
+
+    encoder = EncoderConfig()
+    groups = subjects_module.bundled_prototype_groups(encoder)
+    stored = subjects_module.bundled_prototype_vectors()
+    keys = {language: subjects_module.prototype_key(texts, encoder) for language, texts in groups.items()}
+    assert set(stored) == set(keys.values()), (
+        "stale pipeline/quality/prototype_vectors.npz: make prototype-vectors"
+    )
+    for language, texts in groups.items():
+        np.testing.assert_allclose(
+            stored[keys[language]], encode(texts, encoder), atol=1e-5, err_msg=language
+        )
+
+
+def test_stored_prototype_vectors_stand_only_for_the_texts_and_encoder_they_were_made_with():
+    from pipeline.embeddings import encode
+
+    encoder = EncoderConfig()
+    texts = subjects_module.bundled_prototype_groups(encoder)["en"]
+    assert (
+        subjects_module.embed_prototypes(texts, encoder)
+        is subjects_module.bundled_prototype_vectors()[subjects_module.prototype_key(texts, encoder)]
+    )
+    # Any change to what the vectors depend on is another key: embedded afresh.
+    for other_texts, other_encoder in [
+        (texts[:-1], encoder),
+        (list(reversed(texts)), encoder),
+        (texts, EncoderConfig(max_seq_length=128)),
+        (texts, EncoderConfig(batch_size=8)),
+    ]:
+        key = subjects_module.prototype_key(other_texts, other_encoder)
+        assert key not in subjects_module.bundled_prototype_vectors()
+        np.testing.assert_allclose(
+            subjects_module.embed_prototypes(other_texts, other_encoder),
+            encode(other_texts, other_encoder),
+            atol=1e-6,
+        )
+    assert subjects_module.prototype_key(texts, EncoderConfig(model="/some/local/folder")) is None
 
 
 # -- accuracy on the held-out documents, with the default config
