@@ -117,16 +117,28 @@ def coverage(docs: DataFrame) -> Coverage:
         F.sum("n_chars").alias("characters"),
         F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q"),
     )
-    per_domain = (
-        docs.groupBy("domain")
+    # Hosts and languages from one grouping: (domain, language) pairs are few next to the documents.
+    lang = F.col("lang") if "lang" in docs.columns else F.lit(None).cast("string")
+    pairs = (
+        docs.groupBy("domain", lang.alias("lang"))
         .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
-        .orderBy(F.desc("documents"), "domain")
+        .collect()
     )
-    hosts = [row.asDict() for row in per_domain.collect()]
-    languages = (
-        {str(r["lang"]): int(r["count"]) for r in docs.groupBy("lang").count().collect()}
-        if "lang" in docs.columns
-        else {}
+    per_domain: dict[str | None, dict] = {}
+    languages: dict[str, int] = {}
+    for row in pairs:
+        host = per_domain.setdefault(
+            row["domain"], {"domain": row["domain"], "documents": 0, "characters": None}
+        )
+        host["documents"] += row["documents"]
+        if row["characters"] is not None:  # Spark's sum: null only when every length is null
+            host["characters"] = (host["characters"] or 0) + row["characters"]
+        if "lang" in docs.columns:
+            languages[str(row["lang"])] = languages.get(str(row["lang"]), 0) + int(row["documents"])
+    # Most documents first, then by domain with a null domain first, as Spark orders them.
+    hosts = sorted(
+        per_domain.values(),
+        key=lambda host: (-host["documents"], host["domain"] is not None, host["domain"] or ""),
     )
     length_quantiles = totals["q"]
     return Coverage(

@@ -17,6 +17,7 @@ from pipeline.quality.report import (
     cluster_entropy,
     collect_sample,
     cosine_statistics,
+    coverage,
     host_concentration,
     run,
     sample_documents,
@@ -54,6 +55,45 @@ def test_cluster_entropy_separates_even_and_lopsided_topics():
     )
     assert cluster_entropy(even, 4, seed=0)["cluster_entropy"] == pytest.approx(1.0, abs=1e-6)
     assert cluster_entropy(lopsided, 4, seed=0)["cluster_entropy"] < 0.3
+
+
+@pytest.mark.slow
+def test_coverage_counts_hosts_and_languages_as_a_loop_does(config):
+    """Random documents with null domains, languages and texts among them, against plain Python counts; with
+    and without a lang column."""
+    import random
+
+    rng = random.Random(11)
+    rows = [
+        {
+            "domain": rng.choice(["a.org", "b.org", "c.net", "ünï.de", None]),
+            "lang": rng.choice(["en", "zh", None]),
+            "text": rng.choice([None, "x" * rng.randint(0, 50)]),
+        }
+        for _ in range(300)
+    ]
+    spark = spark_session(config, "coverage-test")
+    frame = spark.createDataFrame(rows, "domain string, lang string, text string")
+    for docs, with_lang in [(frame, True), (frame.drop("lang"), False)]:
+        from pyspark.sql import functions as F
+
+        found = coverage(docs.withColumn("n_chars", F.length("text")))
+        hosts: dict = {}
+        for row in rows:
+            host = hosts.setdefault(
+                row["domain"], {"domain": row["domain"], "documents": 0, "characters": None}
+            )
+            host["documents"] += 1
+            if row["text"] is not None:
+                host["characters"] = (host["characters"] or 0) + len(row["text"])
+        by_count = sorted(hosts.values(), key=lambda h: h["domain"] or "")  # None sorts with "" first
+        assert found.hosts == sorted(by_count, key=lambda h: -h["documents"])
+        languages: dict = {}
+        for row in rows:
+            languages[str(row["lang"])] = languages.get(str(row["lang"]), 0) + 1
+        assert found.languages == (languages if with_lang else {})
+        assert found.documents == len(rows)
+        assert found.characters == sum(len(row["text"]) for row in rows if row["text"] is not None)
 
 
 @pytest.mark.slow
