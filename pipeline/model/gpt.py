@@ -20,7 +20,6 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.model.config import GPTConfig
-from pipeline.model.linear_cross_entropy import linear_cross_entropy
 from pipeline.model.routing import expert_capacity, router_scores, routing_ops
 
 
@@ -453,6 +452,10 @@ class GPT(nn.Module):
         if aux_losses:
             out.aux_loss, out.z_loss = torch.stack(aux_losses).sum(), torch.stack(z_losses).sum()
         if fused and targets is not None:
+            # Imported on first use: its torch.compiler decorators import torch._dynamo (1-2 s), which a
+            # model without fused_cross_entropy (the default; evaluate, report, generate) never needs.
+            from pipeline.model.linear_cross_entropy import linear_cross_entropy
+
             out.lm_loss = linear_cross_entropy(
                 self.norm(x),
                 self.lm_head.weight,

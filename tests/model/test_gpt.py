@@ -1,5 +1,9 @@
 """The whole model: loss, checkpointing, generation."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -162,3 +166,35 @@ def test_generation_stops_at_the_stop_token_row_by_row():
     if ended_all:
         last = max(int((new[row] == stop).nonzero()[0]) for row in range(4))
         assert stopped.shape[1] == 3 + last + 1, "decoding ends once every row has stopped"
+
+
+def test_a_model_without_the_fused_loss_never_imports_torch_dynamo():
+    """Evaluate, report and generate load a model and run it; importing torch._dynamo (which the fused loss's
+    torch.compiler decorators do) would cost each of those processes 1-2 s for nothing."""
+    probe = (
+        "import sys, torch\n"
+        "from pipeline.model import model_config\n"
+        "from pipeline.model.inference import greedy_generate\n"
+        "from pipeline.model.gpt import GPT\n"
+        "model = GPT(model_config('tiny', vocab_size=50))\n"
+        "tokens = torch.randint(0, 50, (2, 8))\n"
+        "model(tokens, tokens).loss.backward()\n"
+        "greedy_generate(model.eval(), [1, 2, 3], 4)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=root, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_fused_loss_imported_on_first_use_traces_under_torch_compile():
+    torch.manual_seed(5)
+    model = GPT(model_config("tiny", vocab_size=61, fused_cross_entropy="chunked"))
+    tokens = torch.randint(0, 61, (2, 12))
+    expected = model(tokens, tokens).loss
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(tokens, tokens).loss, expected, rtol=1e-5, atol=1e-5)
