@@ -334,9 +334,14 @@ def decide(
     clock: StepClock,
     seed: int,
     layout_files: int,
-) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict]:
+    documents_with_text: int,
+) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict, list[DataFrame]]:
     """(id, drop_reason, representative_id, n_bytes, n_chars) for every document with text, and step counters;
-    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra."""
+    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra.
+
+    ``documents_with_text``: how many of ``features``' rows have text (``document_features`` counted them). The
+    decisions come back persisted but not yet computed, with the cached frames they derive from: release
+    those (``release``) once an action has read the decisions, not before (they would be computed again)."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -357,23 +362,16 @@ def decide(
         survivors = survivors.withColumn("exact_rep", F.min("id").over(Window.partitionBy("exact_key")))
     else:
         survivors = survivors.withColumn("exact_rep", F.col("id"))
+    # Filled by the first action that reads it (near dedup's, or else the caller's first over the decisions):
+    # an action of its own here would only count rows, which the summary's per-reason counts already tell.
     survivors = survivors.select("id", "exact_rep", "band_keys").persist(StorageLevel.MEMORY_AND_DISK)
-    counts = aggregate(
-        survivors,
-        F.count(F.lit(1)).alias("survivors"),
-        F.count(F.when(F.col("exact_rep") == F.col("id"), 1)).alias("unique"),
-    )
-    clock.done(
-        "url_and_exact_dedup",
-        "%d documents after URL dedup, %d after exact dedup",
-        counts["survivors"],
-        counts["unique"],
-    )
 
     counters: dict = {}
     roots: DataFrame | None = None
     scored: DataFrame | None = None
-    if dedup.near and counts["unique"]:
+    # Every document with text survives URL dedup or points to one that does, and every exact-duplicate
+    # group keeps its smallest id: some document is left for near dedup exactly when some has text.
+    if dedup.near and documents_with_text:
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         roots, scored, counters = near_duplicates(
             survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
@@ -417,13 +415,17 @@ def decide(
         "n_bytes",
         "n_chars",
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    decisions.count()
-    survivors.unpersist()
-    for frame in (roots, scored):
-        if frame is not None:
-            frame.unpersist()
-    clock.done("decide", "every document has its representative")
-    return decisions, counters, (semantic, assignments), semantic_extra
+    # No action to fill it here: the caller's next one reads it anyway (a count would cost its own jobs and
+    # round trip), and releases what it derives from once it is filled.
+    upstream = [frame for frame in (survivors, roots, scored) if frame is not None]
+    clock.done("decide", "every document has its representative (planned)")
+    return decisions, counters, (semantic, assignments), semantic_extra, upstream
+
+
+def release(frames: list[DataFrame]) -> None:
+    """Unpersist ``frames`` (the cached inputs of a persisted frame, once an action has filled it)."""
+    for frame in frames:
+        frame.unpersist()
 
 
 def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
@@ -546,10 +548,20 @@ def drop_earlier_duplicates(
         """The keys ``snapshot``'s own dedup run stores: its documents through the same steps."""
         _check_input(documents, dedup)
         steps = StepClock(f"dedup history {snapshot}", log)  # its steps' times are not this snapshot's
-        features, _, _ = document_features(documents, hasher, dedup, steps, hashed)
-        theirs, _, (semantic, assignments), _ = decide(documents, features, hasher, dedup, steps, seed, files)
+        features, null_text, their_counters = document_features(documents, hasher, dedup, steps, hashed)
+        theirs, _, (semantic, assignments), _, upstream = decide(
+            documents,
+            features,
+            hasher,
+            dedup,
+            steps,
+            seed,
+            files,
+            their_counters["input_documents"] - null_text,
+        )
         computed = snapshot_keys(features, theirs, snapshot).persist(StorageLevel.MEMORY_AND_DISK)
         computed.count()
+        release(upstream)
         for frame in (features, theirs, semantic, assignments):
             if frame is not None:
                 frame.unpersist()
@@ -646,12 +658,21 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         hashed = HashedCount()  # documents through MinHash in this run, history included
         features, null_text, counters = document_features(docs, hasher, dedup, clock, hashed)
         files = config.spark.output_files
-        decisions, near_counters, (semantic, assignments), semantic_extra = decide(
-            docs, features, hasher, dedup, clock, config.project.seed, files
+        decisions, near_counters, (semantic, assignments), semantic_extra, upstream = decide(
+            docs,
+            features,
+            hasher,
+            dedup,
+            clock,
+            config.project.seed,
+            files,
+            counters["input_documents"] - null_text,
         )
-        # This snapshot's keys, for later snapshots to deduplicate against (pipeline.dedup.history).
+        # This snapshot's keys, for later snapshots to deduplicate against (pipeline.dedup.history); the first
+        # action over the decisions, so it fills their cache, and what they derive from can go.
         settings = keys_settings(hasher, dedup)
         keys = write_parquet(snapshot_keys(features, decisions, output.snapshot), out.path / KEYS, files)
+        release(upstream)
         features.unpersist()
         extra: dict = {"keys": {**settings, "documents": keys}}
         rows = {}
