@@ -38,7 +38,14 @@ import pyarrow.compute as pc
 from pipeline.config import PipelineConfig
 from pipeline.core.manifest import Manifest
 from pipeline.core.progress import StepClock
-from pipeline.core.spark import aggregate, map_in_arrow, spark_schema, spark_session, write_parquet
+from pipeline.core.spark import (
+    aggregate,
+    map_in_arrow,
+    spark_schema,
+    spark_session,
+    write_parquet,
+    write_parquet_parts,
+)
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup.components import connected_components
 from pipeline.dedup.config import DedupConfig
@@ -58,10 +65,10 @@ from pipeline.dedup.minhash import MinHasher, jaccard_pairs
 from pipeline.dedup.semantic import CLUSTER_SCHEMA, REMOVAL_SCHEMA, SEMANTIC_DUPLICATE, semantic_duplicates
 from pipeline.dedup.urls import page_key
 from pipeline.documents.shingles import normalize_for_dedup
-from pipeline.documents.split import write_split
+from pipeline.documents.split import split_parts
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 log = logging.getLogger(__name__)
 STAGE = "dedup"
@@ -334,9 +341,15 @@ def decide(
     clock: StepClock,
     seed: int,
     layout_files: int,
-) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict]:
-    """(id, drop_reason, representative_id, n_bytes, n_chars) for every document with text, and step counters;
-    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra."""
+    documents_with_text: int,
+) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict, list[DataFrame]]:
+    """(id, drop_reason, representative_id, n_bytes, n_chars, same_text) for every document with text, and step
+    counters;
+    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra.
+
+    ``documents_with_text``: how many of ``features``' rows have text (``document_features`` counted them). The
+    decisions come back persisted but not yet computed, with the cached frames they derive from: release
+    those (``release``) once an action has read the decisions, not before (they would be computed again)."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -357,23 +370,16 @@ def decide(
         survivors = survivors.withColumn("exact_rep", F.min("id").over(Window.partitionBy("exact_key")))
     else:
         survivors = survivors.withColumn("exact_rep", F.col("id"))
+    # Filled by the first action that reads it (near dedup's, or else the caller's first over the decisions):
+    # an action of its own here would only count rows, which the summary's per-reason counts already tell.
     survivors = survivors.select("id", "exact_rep", "band_keys").persist(StorageLevel.MEMORY_AND_DISK)
-    counts = aggregate(
-        survivors,
-        F.count(F.lit(1)).alias("survivors"),
-        F.count(F.when(F.col("exact_rep") == F.col("id"), 1)).alias("unique"),
-    )
-    clock.done(
-        "url_and_exact_dedup",
-        "%d documents after URL dedup, %d after exact dedup",
-        counts["survivors"],
-        counts["unique"],
-    )
 
     counters: dict = {}
     roots: DataFrame | None = None
     scored: DataFrame | None = None
-    if dedup.near and counts["unique"]:
+    # Every document with text survives URL dedup or points to one that does, and every exact-duplicate
+    # group keeps its smallest id: some document is left for near dedup exactly when some has text.
+    if dedup.near and documents_with_text:
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         roots, scored, counters = near_duplicates(
             survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
@@ -416,14 +422,25 @@ def decide(
         F.col("final_rep").alias("representative_id"),
         "n_bytes",
         "n_chars",
+        # An exact duplicate whose representative is its exact group's minimum has that one's normalised text
+        # (the group's key is its hash), so their Jaccard is 1.0: duplicates_table need not compare them.
+        (
+            (F.col("url_rep") == F.col("id"))
+            & (F.col("exact_rep") != F.col("id"))
+            & (F.col("final_rep") == F.col("exact_rep"))
+        ).alias("same_text"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    decisions.count()
-    survivors.unpersist()
-    for frame in (roots, scored):
-        if frame is not None:
-            frame.unpersist()
-    clock.done("decide", "every document has its representative")
-    return decisions, counters, (semantic, assignments), semantic_extra
+    # No action to fill it here: the caller's next one reads it anyway (a count would cost its own jobs and
+    # round trip), and releases what it derives from once it is filled.
+    upstream = [frame for frame in (survivors, roots, scored) if frame is not None]
+    clock.done("decide", "every document has its representative (planned)")
+    return decisions, counters, (semantic, assignments), semantic_extra, upstream
+
+
+def release(frames: list[DataFrame]) -> None:
+    """Unpersist ``frames`` (the cached inputs of a persisted frame, once an action has filled it)."""
+    for frame in frames:
+        frame.unpersist()
 
 
 def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
@@ -431,9 +448,12 @@ def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) 
     from pyspark.sql import functions as F
 
     removed = decisions.where(F.col("drop_reason").isNotNull())
+    # Only pairs whose texts may differ are read and shingled again; an exact duplicate of its representative
+    # is 1.0 (what jaccard_pairs gives two equal shingle sets, empty ones included).
+    pairs = removed.select(F.col("id").alias("src"), F.col("representative_id").alias("dst"), "same_text")
     scored = pair_similarity(
-        removed.select(F.col("id").alias("src"), F.col("representative_id").alias("dst")), texts, hasher
-    )
+        pairs.where(~F.col("same_text")).select("src", "dst"), texts, hasher
+    ).unionByName(pairs.where(F.col("same_text")).select("src", "dst", F.lit(1.0).alias("similarity")))
     members = removed.select("id", "representative_id", "drop_reason").join(
         scored.select(F.col("src").alias("id"), "similarity"), "id"
     )
@@ -546,10 +566,20 @@ def drop_earlier_duplicates(
         """The keys ``snapshot``'s own dedup run stores: its documents through the same steps."""
         _check_input(documents, dedup)
         steps = StepClock(f"dedup history {snapshot}", log)  # its steps' times are not this snapshot's
-        features, _, _ = document_features(documents, hasher, dedup, steps, hashed)
-        theirs, _, (semantic, assignments), _ = decide(documents, features, hasher, dedup, steps, seed, files)
+        features, null_text, their_counters = document_features(documents, hasher, dedup, steps, hashed)
+        theirs, _, (semantic, assignments), _, upstream = decide(
+            documents,
+            features,
+            hasher,
+            dedup,
+            steps,
+            seed,
+            files,
+            their_counters["input_documents"] - null_text,
+        )
         computed = snapshot_keys(features, theirs, snapshot).persist(StorageLevel.MEMORY_AND_DISK)
         computed.count()
+        release(upstream)
         for frame in (features, theirs, semantic, assignments):
             if frame is not None:
                 frame.unpersist()
@@ -591,6 +621,7 @@ def drop_earlier_duplicates(
             F.coalesce("earlier_id", "representative_id").alias("representative_id"),
             "n_bytes",
             "n_chars",
+            "same_text",
             "earlier_snapshot",
             "earlier_id",
         )
@@ -646,17 +677,28 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         hashed = HashedCount()  # documents through MinHash in this run, history included
         features, null_text, counters = document_features(docs, hasher, dedup, clock, hashed)
         files = config.spark.output_files
-        decisions, near_counters, (semantic, assignments), semantic_extra = decide(
-            docs, features, hasher, dedup, clock, config.project.seed, files
+        decisions, near_counters, (semantic, assignments), semantic_extra, upstream = decide(
+            docs,
+            features,
+            hasher,
+            dedup,
+            clock,
+            config.project.seed,
+            files,
+            counters["input_documents"] - null_text,
         )
-        # This snapshot's keys, for later snapshots to deduplicate against (pipeline.dedup.history).
+        # This snapshot's keys, for later snapshots to deduplicate against (pipeline.dedup.history): the rows of
+        # the documents it keeps on its own. Against earlier snapshots they are needed before the split (they
+        # are what the history is matched with), so they are written first, and that write is the first action
+        # over the decisions (it fills their cache, and what they derive from can go); otherwise they go out in
+        # the split's own job, one action fewer.
         settings = keys_settings(hasher, dedup)
-        keys = write_parquet(snapshot_keys(features, decisions, output.snapshot), out.path / KEYS, files)
-        features.unpersist()
-        extra: dict = {"keys": {**settings, "documents": keys}}
         rows = {}
+        extra: dict = {}
         earlier_columns: list[str] = []
         if dedup.against is not None:
+            keys = write_parquet(snapshot_keys(features, decisions, output.snapshot), out.path / KEYS, files)
+            release([*upstream, features])
             decisions, rows[EARLIER], counters["history"], extra["history"] = drop_earlier_duplicates(
                 config, output, clean.stage, hasher, clock, decisions, docs, out.path, hashed
             )
@@ -669,13 +711,29 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         labelled = docs.join(removed, "id", "left").withColumn(
             "drop_reason", F.when(F.col("text").isNull(), F.lit(NULL_TEXT)).otherwise(F.col("drop_reason"))
         )
-        kept, excluded = write_split(
+        parts = split_parts(
             labelled,
             out.path,
-            files,
             document_columns=docs.columns,
             excluded_columns=[*docs.columns, "drop_reason", *earlier_columns],
         )
+        if dedup.against is not None:
+            kept, excluded = write_parquet_parts(labelled, parts, files)
+        else:
+            # A kept document has text and no drop reason: exactly the rows snapshot_keys selects.
+            keys_columns: list[str | Column] = [
+                F.lit(output.snapshot).alias("snapshot"),
+                "id",
+                "exact_key",
+                "band_keys",
+            ]
+            kept, excluded, keys = write_parquet_parts(
+                labelled.join(features.select("id", "exact_key", "band_keys"), "id", "left"),
+                [*parts, (out.path / KEYS, F.col("drop_reason").isNull(), keys_columns, None)],
+                files,
+            )
+            release([*upstream, features])
+        extra["keys"] = {**settings, "documents": keys}
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         # Clusters inside this snapshot; a document matched in an earlier snapshot is in earlier_duplicates/.
         within = decisions.where(F.coalesce(F.col("drop_reason") != F.lit(EARLIER_DUPLICATE), F.lit(True)))
