@@ -9,6 +9,7 @@ dies (``die_with_parent``), so even a parent killed with SIGKILL takes its child
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.core.locks import child_lock_environment, held_lock_fds
 
@@ -180,3 +181,23 @@ def _exec_dying_with_parent(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _exec_dying_with_parent(sys.argv[1:])
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` as ``sys.exit`` would, less the interpreter's own teardown, for a process with
+    torch, MLflow and SQLAlchemy loaded: freeing every module and object took it 1 to 2.5 s on 2 busy
+    cores, and the train stage's ranks, torchrun and the launcher each wait for the one below them to end.
+
+    What an exit does for the program still happens: the ``atexit`` handlers run (logging's flush and
+    close of its files, MLflow's, ``weakref.finalize``'s, multiprocessing's), then stdout and stderr are
+    flushed. While a thread that is not a daemon still runs, the ordinary exit waits for it instead.
+    A file the program left open and unflushed is not flushed: close what you write.
+    """
+    main = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away, a stream closed already
+            stream.flush()
+    os._exit(code)

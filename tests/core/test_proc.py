@@ -112,3 +112,51 @@ def test_a_signal_that_lands_on_the_output_thread_still_reaches_the_child(guarde
     assert read_until(process, "child") == "child ignores SIGTERM"
     signal_thread(process.pid, reader, signal.SIGTERM)
     assert read_until(process, "stopped_by") == f"stopped_by={int(signal.SIGTERM)} returncode=-9"
+
+
+EXITING = textwrap.dedent(
+    """
+    import atexit, os, sys, threading, weakref
+    from pipeline.core.proc import exit_now
+
+    class Teardown:
+        def __del__(self):
+            os.write(1, b"torn down\\n")  # the interpreter's teardown frees the module's objects
+
+    class Held:
+        pass
+
+    kept, held = Teardown(), Held()
+    atexit.register(print, "atexit ran")
+    weakref.finalize(held, print, "finalizer ran")  # run at exit, held alive till then
+    print("buffered, not flushed")  # a pipe: block-buffered
+    if sys.argv[1] == "thread":
+        go = threading.Event()
+        def late():
+            go.wait()
+            print("thread finished")
+        threading.Thread(target=late).start()
+        go.set()
+    exit_now(3)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["alone", "thread"])
+def test_exit_now_runs_exit_handlers_and_flushes_but_skips_the_teardown(mode):
+    done = subprocess.run([sys.executable, "-c", EXITING, mode], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert {"buffered, not flushed", "atexit ran", "finalizer ran"} <= set(lines)
+    if mode == "thread":  # a thread not a daemon still running: the ordinary exit, which waits for it
+        assert "thread finished" in lines
+    else:
+        assert "torn down" not in lines
+
+
+def test_an_ordinary_exit_tears_down_where_exit_now_would_not():
+    """The check above means something: the same script ending in sys.exit does print "torn down"."""
+    script = EXITING.replace("exit_now(3)", "sys.exit(3)")
+    done = subprocess.run([sys.executable, "-c", script, "alone"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert "torn down" in done.stdout.splitlines()
