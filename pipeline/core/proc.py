@@ -179,10 +179,6 @@ def _exec_dying_with_parent(argv: list[str]) -> None:
     os.execvp(command[0], command)
 
 
-if __name__ == "__main__":
-    _exec_dying_with_parent(sys.argv[1:])
-
-
 def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` as ``sys.exit`` would, less the interpreter's own teardown, for a process with
     torch, MLflow and SQLAlchemy loaded: freeing every module and object took it 1 to 2.5 s on 2 busy
@@ -201,3 +197,7 @@ def exit_now(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # a reader that went away, a stream closed already
             stream.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    _exec_dying_with_parent(sys.argv[1:])
