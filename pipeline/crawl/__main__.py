@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pipeline.core.cli import run_cli
 from pipeline.core.lineage_events import stage_run_events
+from pipeline.core.proc import exit_now
 from pipeline.entrypoint import announce_data_root, resolve, stage_parser, start_logging
 
 
@@ -59,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_now(run_cli(main))  # without the interpreter's teardown: see pipeline.core.proc.exit_now

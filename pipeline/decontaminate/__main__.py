@@ -17,6 +17,7 @@ Also runs under spark-submit on a cluster:
 from __future__ import annotations
 
 from pipeline.core.cli import run_cli
+from pipeline.core.proc import exit_now
 from pipeline.entrypoint import stage_main
 
 
@@ -25,4 +26,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_now(run_cli(main))  # without the interpreter's teardown: see pipeline.core.proc.exit_now

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 from pipeline.core.cli import run_cli
+from pipeline.core.proc import exit_now
 from pipeline.entrypoint import stage_main
 
 
@@ -29,4 +30,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_now(run_cli(main))  # without the interpreter's teardown: see pipeline.core.proc.exit_now

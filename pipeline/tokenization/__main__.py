@@ -12,6 +12,7 @@ tokenize.num_shards. Format: docs/token-shards.md.
 from __future__ import annotations
 
 from pipeline.core.cli import run_cli
+from pipeline.core.proc import exit_now
 from pipeline.entrypoint import stage_main
 
 
@@ -20,4 +21,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_now(run_cli(main))  # without the interpreter's teardown: see pipeline.core.proc.exit_now
