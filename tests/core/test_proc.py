@@ -130,14 +130,16 @@ EXITING = textwrap.dedent(
     atexit.register(print, "atexit ran")
     weakref.finalize(held, print, "finalizer ran")  # run at exit, held alive till then
     print("buffered, not flushed")  # a pipe: block-buffered
+    go = threading.Event()
     if sys.argv[1] == "thread":
-        go = threading.Event()
         def late():
-            go.wait()
+            go.wait()  # alive when exit_now looks; released only if exit_now returns by raising SystemExit
             print("thread finished")
         threading.Thread(target=late).start()
+    try:
+        exit_now(3)
+    finally:
         go.set()
-    exit_now(3)
     """
 )
 
