@@ -344,8 +344,7 @@ def decide(
     documents_with_text: int,
 ) -> tuple[DataFrame, dict, tuple[DataFrame | None, DataFrame | None], dict, list[DataFrame]]:
     """(id, drop_reason, representative_id, n_bytes, n_chars, same_text) for every document with text, and step
-    counters;
-    with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra.
+    counters; with semantic dedup on, also its (removals, cluster assignments) (pipeline.dedup.semantic) and extra.
 
     ``documents_with_text``: how many of ``features``' rows have text (``document_features`` counted them). The
     decisions come back persisted but not yet computed, with the cached frames they derive from: release

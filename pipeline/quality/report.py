@@ -118,7 +118,8 @@ def coverage(docs: DataFrame) -> Coverage:
         F.percentile("n_chars", F.array(*[F.lit(q) for q in (0.1, 0.5, 0.9, 0.99)])).alias("q"),
     )
     # Hosts and languages from one grouping: (domain, language) pairs are few next to the documents.
-    lang = F.col("lang") if "lang" in docs.columns else F.lit(None).cast("string")
+    has_lang = "lang" in docs.columns  # asked once: through Spark Connect each look is a round trip
+    lang = F.col("lang") if has_lang else F.lit(None).cast("string")
     pairs = (
         docs.groupBy("domain", lang.alias("lang"))
         .agg(F.count("*").alias("documents"), F.sum("n_chars").alias("characters"))
@@ -133,7 +134,7 @@ def coverage(docs: DataFrame) -> Coverage:
         host["documents"] += row["documents"]
         if row["characters"] is not None:  # Spark's sum: null only when every length is null
             host["characters"] = (host["characters"] or 0) + row["characters"]
-        if "lang" in docs.columns:
+        if has_lang:
             languages[str(row["lang"])] = languages.get(str(row["lang"]), 0) + int(row["documents"])
     # Most documents first, then by domain with a null domain first, as Spark orders them.
     hosts = sorted(

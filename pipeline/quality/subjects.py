@@ -314,7 +314,7 @@ def embed_prototypes(texts: Sequence[str], encoder: EncoderConfig) -> np.ndarray
     return stored if stored is not None else encode(texts, encoder)
 
 
-def bundled_prototype_groups(encoder: EncoderConfig) -> dict[str, list[str]]:
+def bundled_prototype_groups() -> dict[str, list[str]]:
     """Per language, the bundled prototypes' texts in the order ``assign_documents`` embeds them."""
     prototypes = load_prototypes(None)
     languages = sorted({language for by_language in prototypes.values() for language in by_language})
@@ -330,7 +330,7 @@ def write_prototype_vectors(path: Path | None = None) -> Path:
     encoder = EncoderConfig()
     target = Path(str(PROTOTYPE_VECTORS)) if path is None else path
     vectors: dict[str, Any] = {}  # Any: numpy's stubs let **kwargs reach allow_pickle
-    for texts in bundled_prototype_groups(encoder).values():
+    for texts in bundled_prototype_groups().values():
         key = prototype_key(texts, encoder)
         assert key is not None
         vectors[key] = encode(texts, encoder)

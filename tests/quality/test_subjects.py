@@ -234,7 +234,7 @@ def test_the_stored_prototype_vectors_are_the_bundled_encoders_and_nothing_else(
     from pipeline.embeddings import encode
 
     encoder = EncoderConfig()
-    groups = subjects_module.bundled_prototype_groups(encoder)
+    groups = subjects_module.bundled_prototype_groups()
     stored = subjects_module.bundled_prototype_vectors()
     keys = {language: subjects_module.prototype_key(texts, encoder) for language, texts in groups.items()}
     assert set(stored) == set(keys.values()), (
@@ -250,7 +250,7 @@ def test_stored_prototype_vectors_stand_only_for_the_texts_and_encoder_they_were
     from pipeline.embeddings import encode
 
     encoder = EncoderConfig()
-    texts = subjects_module.bundled_prototype_groups(encoder)["en"]
+    texts = subjects_module.bundled_prototype_groups()["en"]
     assert (
         subjects_module.embed_prototypes(texts, encoder)
         is subjects_module.bundled_prototype_vectors()[subjects_module.prototype_key(texts, encoder)]
