@@ -192,8 +192,9 @@ def pair_similarity(pairs: DataFrame, texts: DataFrame, hasher: MinHasher) -> Da
 
 def near_duplicates(
     candidates: DataFrame, texts: DataFrame, hasher: MinHasher, dedup: DedupConfig, clock: StepClock
-) -> tuple[DataFrame, DataFrame, dict]:
-    """(node, root) for every document of ``candidates`` (id, band_keys) in a verified cluster of 2+.
+) -> tuple[DataFrame | None, DataFrame | None, dict]:
+    """(node, root) for every document of ``candidates`` (id, band_keys) in a verified cluster of 2+, or None
+    when no two documents share a band bucket.
 
     Also returns the cached scored pairs the roots derive from; unpersist both once the roots are used.
     """
@@ -215,20 +216,27 @@ def near_duplicates(
         .agg(F.max("size").alias("bucket_size"))
         .cache()
     )
+    # Counted before any text is read: with no collision at all (common on a small snapshot) there is
+    # nothing to verify and no graph, so neither the Python scoring pass nor the components' jobs run.
+    stats = aggregate(links, F.count(F.lit(1)).alias("pairs"), F.max("bucket_size").alias("largest_bucket"))
+    candidate_pairs, largest_bucket = int(stats["pairs"]), int(stats["largest_bucket"] or 0)
+    if not candidate_pairs:
+        links.unpersist()
+        clock.done("near_dedup.candidates", "no candidate pairs from band collisions")
+        return None, None, near_counters(0, 0, 0, 0)
     if dedup.verify:
-        scored = pair_similarity(links.select("src", "dst"), texts, hasher).join(links, ["src", "dst"])
+        scored = (
+            pair_similarity(links.select("src", "dst"), texts, hasher).join(links, ["src", "dst"]).cache()
+        )
+        edges = scored.where(F.col("similarity") >= dedup.threshold)
+        verified = int(aggregate(edges, F.count(F.lit(1)).alias("n"))["n"])
+        links.unpersist()
     else:
-        scored = links.withColumn("similarity", F.lit(None).cast("double"))
-    scored = scored.cache()
-    stats = aggregate(
-        scored,
-        F.count(F.lit(1)).alias("pairs"),
-        F.count(F.when(F.col("similarity") >= dedup.threshold, 1)).alias("verified"),
-        F.max("bucket_size").alias("largest_bucket"),
-    )
-    links.unpersist()
-    candidate_pairs = int(stats["pairs"])
-    verified = int(stats["verified"]) if dedup.verify else candidate_pairs
+        scored, edges, verified = (
+            links,
+            links,
+            candidate_pairs,
+        )  # the cached links are what the roots derive from
     clock.done(
         "near_dedup.candidates",
         "%d candidate pairs from band collisions, %d verified (Jaccard >= %.2f)",
@@ -236,21 +244,20 @@ def near_duplicates(
         verified,
         dedup.threshold,
     )
-    edges = scored.where(F.col("similarity") >= dedup.threshold) if dedup.verify else scored
     roots, rounds = connected_components(edges, "src", "dst", dedup.max_iterations)
     roots = roots.cache()
     clock.done("near_dedup.components", "large-star/small-star converged after %d round(s)", rounds)
-    return (
-        roots,
-        scored,
-        {
-            "candidate_pairs": candidate_pairs,
-            "verified_pairs": verified,
-            "rejected_by_verification": candidate_pairs - verified,
-            "largest_bucket": int(stats["largest_bucket"] or 0),
-            "components_rounds": rounds,
-        },
-    )
+    return roots, scored, near_counters(candidate_pairs, verified, largest_bucket, rounds)
+
+
+def near_counters(candidate_pairs: int, verified: int, largest_bucket: int, rounds: int) -> dict:
+    return {
+        "candidate_pairs": candidate_pairs,
+        "verified_pairs": verified,
+        "rejected_by_verification": candidate_pairs - verified,
+        "largest_bucket": largest_bucket,
+        "components_rounds": rounds,
+    }
 
 
 def _check_input(docs: DataFrame, dedup: DedupConfig) -> None:
@@ -383,6 +390,7 @@ def decide(
         roots, scored, counters = near_duplicates(
             survivors.where(F.col("exact_rep") == F.col("id")), texts, hasher, dedup, clock
         )
+    if roots is not None:
         final = survivors.join(roots, survivors["exact_rep"] == roots["node"], "left").select(
             "id", "exact_rep", F.coalesce("root", "exact_rep").alias("near_rep")
         )
@@ -442,17 +450,22 @@ def release(frames: list[DataFrame]) -> None:
         frame.unpersist()
 
 
-def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) -> DataFrame:
-    """Every member of every cluster: removed documents, and the representative each one points to."""
+def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher, to_score: int) -> DataFrame:
+    """Every member of every cluster: removed documents, and the representative each one points to.
+
+    ``to_score``: how many removed rows are not ``same_text`` (``_summary`` counts them); with none, no text is
+    read and no Python pass runs."""
     from pyspark.sql import functions as F
 
     removed = decisions.where(F.col("drop_reason").isNotNull())
     # Only pairs whose texts may differ are read and shingled again; an exact duplicate of its representative
     # is 1.0 (what jaccard_pairs gives two equal shingle sets, empty ones included).
     pairs = removed.select(F.col("id").alias("src"), F.col("representative_id").alias("dst"), "same_text")
-    scored = pair_similarity(
-        pairs.where(~F.col("same_text")).select("src", "dst"), texts, hasher
-    ).unionByName(pairs.where(F.col("same_text")).select("src", "dst", F.lit(1.0).alias("similarity")))
+    scored = pairs.where(F.col("same_text")).select("src", "dst", F.lit(1.0).alias("similarity"))
+    if to_score:
+        scored = pair_similarity(
+            pairs.where(~F.col("same_text")).select("src", "dst"), texts, hasher
+        ).unionByName(scored)
     members = removed.select("id", "representative_id", "drop_reason").join(
         scored.select(F.col("src").alias("id"), "similarity"), "id"
     )
@@ -475,9 +488,10 @@ def duplicates_table(decisions: DataFrame, texts: DataFrame, hasher: MinHasher) 
     )
 
 
-def _summary(decisions: DataFrame, null_text: int) -> dict:
+def _summary(decisions: DataFrame, null_text: int) -> tuple[dict, int]:
     """Documents and bytes per reason, and cluster counts, from the (small) decisions table in one job's pass:
-    grouped by cluster (a removed document's representative; every other row in one null group), then summed."""
+    grouped by cluster (a removed document's representative; every other row in one null group), then summed.
+    Also how many cluster members ``duplicates_table`` must compare by text (those not ``same_text``)."""
     from pyspark.sql import functions as F
 
     reason = F.col("drop_reason")
@@ -489,6 +503,7 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     measures = {"documents": F.lit(1), "bytes": F.col("n_bytes"), "chars": F.col("n_chars")}
     per_cluster = decisions.groupBy(F.when(in_cluster, F.col("representative_id")).alias("cluster")).agg(
         F.count(F.lit(1)).alias("members"),
+        F.count(F.when(in_cluster & ~F.col("same_text"), 1)).alias("to_score"),
         *[
             F.sum(F.when(where, value)).alias(f"{outcome}_{measure}")
             for outcome, where in outcomes.items()
@@ -500,6 +515,7 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
         F.sum("members").alias("rows"),
         F.count("cluster").alias("clusters"),
         F.max(F.when(F.col("cluster").isNotNull(), F.col("members"))).alias("largest"),
+        F.sum("to_score").alias("to_score"),
         *[
             F.sum(f"{outcome}_{measure}").alias(f"{outcome}_{measure}")
             for outcome in outcomes
@@ -521,7 +537,7 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
     dropped_bytes = {reason: per_reason[reason][1] for reason in sorted(per_reason)}
     dropped_chars = {reason: per_reason[reason][2] for reason in sorted(per_reason)}
     n_clusters = int(clusters["clusters"] or 0)
-    return {
+    counters = {
         "kept": kept_documents,
         "kept_bytes": kept_bytes,
         "dropped": dropped,
@@ -536,6 +552,7 @@ def _summary(decisions: DataFrame, null_text: int) -> dict:
         # Removed members plus the representative.
         "largest_cluster": int(clusters["largest"]) + 1 if n_clusters else 0,
     }
+    return counters, int(totals["to_score"] or 0)
 
 
 def drop_earlier_duplicates(
@@ -690,7 +707,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         # the documents it keeps on its own. Against earlier snapshots they are needed before the split (they
         # are what the history is matched with), so they are written first, and that write is the first action
         # over the decisions (it fills their cache, and what they derive from can go); otherwise they go out in
-        # the split's own job, one action fewer.
+        # the split's own job, one action fewer, and the summary is the first action over the decisions.
         settings = keys_settings(hasher, dedup)
         rows = {}
         extra: dict = {}
@@ -703,6 +720,16 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
             )
             earlier_columns = ["earlier_snapshot", "earlier_id"]
         counters["hashed_documents"] = hashed.value
+        # Before the writes: it tells duplicates_table whether any text must be compared at all.
+        summary, to_score = _summary(decisions, null_text)
+        if dedup.against is None:
+            release(upstream)
+        clock.done(
+            "summary",
+            "removed %s in %d clusters",
+            summary["dropped"] or "nothing",
+            summary["clusters"],
+        )
 
         removed = decisions.where(F.col("drop_reason").isNotNull()).select(
             "id", "drop_reason", *earlier_columns
@@ -731,12 +758,14 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 [*parts, (out.path / KEYS, F.col("drop_reason").isNull(), keys_columns, None)],
                 files,
             )
-            release([*upstream, features])
+            release([features])
         extra["keys"] = {**settings, "documents": keys}
         texts = docs.where(F.col("text").isNotNull()).select("id", "text")
         # Clusters inside this snapshot; a document matched in an earlier snapshot is in earlier_duplicates/.
         within = decisions.where(F.coalesce(F.col("drop_reason") != F.lit(EARLIER_DUPLICATE), F.lit(True)))
-        duplicates = write_parquet(duplicates_table(within, texts, hasher), out.path / "duplicates", files)
+        duplicates = write_parquet(
+            duplicates_table(within, texts, hasher, to_score), out.path / "duplicates", files
+        )
         rows = {"documents": kept, "excluded": excluded, "duplicates": duplicates, **rows}
         if dedup.semantic.enabled:
             for name, table, schema in (
@@ -748,18 +777,10 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
                 rows[name] = write_parquet(table, out.path / name, files)
                 table.unpersist()
             extra["semantic"] = semantic_extra
-        clock.done(
-            "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
-        )
-
-        summary = _summary(decisions, null_text)
         decisions.unpersist()
         s_curve.result()
         clock.done(
-            "summary",
-            "removed %s in %d clusters",
-            summary["dropped"] or "nothing",
-            summary["clusters"],
+            "write", "%d documents kept, %d excluded, %d rows in duplicates", kept, excluded, duplicates
         )
         return out.commit(
             rows=rows,

@@ -15,7 +15,14 @@ from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.dedup import job
 from tests.conftest import make_config
 from tests.dedup import reference
-from tests.dedup.synthetic import CLEAN_SCHEMA, WordSource, as_text, document, planted_corpus
+from tests.dedup.synthetic import (
+    CLEAN_SCHEMA,
+    WordSource,
+    as_text,
+    document,
+    plain_jaccard,
+    planted_corpus,
+)
 
 SNAPSHOT = "s1"
 THRESHOLD = 0.8
@@ -295,6 +302,39 @@ def test_transitive_short_cjk_url_and_null_cases(runs):
     assert counters["input_chars"] == counters["kept_chars"] + sum(chars.values())
     assert counters["rejected_by_verification"] > 0, "planted 0.5-0.7 pairs collide and are verified away"
     assert (Path(manifest.path) / "lsh_s_curve.png").is_file()
+
+
+@pytest.mark.slow
+def test_texts_are_compared_again_only_when_some_pair_may_differ(tmp_path, monkeypatch):
+    """On a snapshot without band collisions whose only duplicates are exact, no text is read a second time
+    (no Python scoring pass, no components' jobs: most of a small snapshot's cost); add a URL duplicate with
+    other text and it is scored, against a plain Jaccard. Random texts, so a skip that hides a pair fails."""
+    scored_calls: list[int] = []
+    real = job.pair_similarity
+    monkeypatch.setattr(job, "pair_similarity", lambda *args: scored_calls.append(1) or real(*args))
+    rng = random.Random(23)
+    source = WordSource(rng, size=5_000)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    texts = [as_text(source.draw(rng.randint(80, 160)), rng) for _ in range(12)]
+    rows = [document(f"https://site.example/{i}", text, start) for i, text in enumerate(texts)]
+    rows.append(document("https://mirror.example/copy", texts[3], start))  # an exact duplicate of 3
+    manifest = run_dedup(tmp_path / "exact", pa.Table.from_pylist(rows, schema=CLEAN_SCHEMA), 2)
+    assert scored_calls == []
+    assert manifest.counters["candidate_pairs"] == 0 and manifest.counters["components_rounds"] == 0
+    assert manifest.counters["dropped"] == {"exact_duplicate": 1}
+    assert {row["id"]: row["similarity"] for row in read(manifest, "duplicates")} == {
+        rows[3]["id"]: 1.0,
+        rows[-1]["id"]: 1.0,
+    }
+
+    refetched = as_text(source.draw(120), rng)  # the page fetched again a day later, rewritten
+    rows.append(document("https://site.example/5?utm_source=feed", refetched, start + timedelta(days=1)))
+    manifest = run_dedup(tmp_path / "url", pa.Table.from_pylist(rows, schema=CLEAN_SCHEMA), 2)
+    assert scored_calls, "a URL duplicate's text differs from its representative's: it must be compared"
+    assert manifest.counters["dropped"] == {"exact_duplicate": 1, "url_duplicate": 1}
+    similarity = {row["id"]: row["similarity"] for row in read(manifest, "duplicates")}
+    assert similarity[rows[5]["id"]] == pytest.approx(plain_jaccard(texts[5], refetched))
+    assert similarity[rows[-1]["id"]] == 1.0
 
 
 @pytest.mark.slow
