@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +36,7 @@ from pipeline.core.manifest import Manifest
 from pipeline.core.spark import aggregate, spark_session
 from pipeline.core.storage import DatasetRef, StageOutput
 from pipeline.documents.plots import plot_scores
-from pipeline.embeddings import EncoderConfig, encode
+from pipeline.embeddings import Encoder, EncoderConfig, encode, load_encoder
 from pipeline.quality import diversity, gate, page, subjects, trends
 from pipeline.quality.card import card_link
 from pipeline.quality.funnel import as_rows, clean_details, filtering_details, funnel, plot_waterfall, shares
@@ -73,14 +74,32 @@ def cluster_entropy(embeddings: np.ndarray, clusters: int, seed: int) -> dict[st
     k = min(clusters, count)
     if k < 2:
         return {"clusters": k, "cluster_entropy": None}
-    from sklearn.cluster import KMeans
-
     # Two runs' vectors can differ in the 8th decimal (the encoder in another worker process), and k-means on
     # a small sample turns that into other clusters: round it away first.
-    labels = KMeans(n_clusters=k, n_init=4, random_state=seed).fit_predict(np.round(embeddings, 5))
+    labels = kmeans_labels(np.round(embeddings, 5).astype(np.float64), k, seed)
     shares = np.bincount(labels, minlength=k) / count
     entropy = -sum(p * math.log(p) for p in shares if p > 0) / math.log(k)
     return {"clusters": k, "cluster_entropy": float(entropy)}
+
+
+def kmeans_labels(points: np.ndarray, k: int, seed: int, starts: int = 4, iterations: int = 30) -> np.ndarray:
+    """Lloyd's k-means (scipy's ``kmeans2``) from ``starts`` seeded k-means++ starts; the labels of the one with
+    the least inertia. scipy, not scikit-learn: importing sklearn.cluster cost a report about a second."""
+    import warnings
+
+    from scipy.cluster.vq import kmeans2
+
+    rng = np.random.default_rng(seed)
+    best: tuple[float, np.ndarray] | None = None
+    for _ in range(starts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a cluster left empty keeps its centre, and its share is 0
+            centres, labels = kmeans2(points, k, iter=iterations, minit="++", rng=rng)
+        inertia = float(((points - centres[labels]) ** 2).sum())
+        if best is None or inertia < best[0]:
+            best = (inertia, labels)
+    assert best is not None
+    return best[1]
 
 
 def host_concentration(doc_counts: list[int]) -> dict[str, float | int]:
@@ -176,11 +195,18 @@ class Sample:
     embeddings: np.ndarray  # unit rows, embedded on the driver
 
 
-def collect_sample(sample: DataFrame, encoder: EncoderConfig) -> Sample:
+def collect_sample(
+    sample: DataFrame, encoder: EncoderConfig, loading: Future[Encoder] | None = None
+) -> Sample:
     """The sample on the driver, embedded there: the sample is bounded, the driver loads the encoder anyway
     (prototypes, BERTScore), and each Spark worker that embedded a share would import torch and load the
-    model again (seconds each, most of the stage on a small snapshot)."""
+    model again (seconds each, most of the stage on a small snapshot).
+
+    ``loading``: the encoder's load started beside the Spark jobs (``load_encoder``), waited for once the rows
+    are here (its cache is not a lock: a second load would start otherwise)."""
     rows = sorted(sample.select("id", "domain", "lang", "text").collect(), key=lambda row: row.id)
+    if loading is not None:
+        loading.result()
     texts = [row.text for row in rows]
     return Sample(
         ids=[row.id for row in rows],
@@ -271,7 +297,9 @@ def write_tables(folder: Path, hosts: list[dict], sample: Sample, assigned: list
 def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) -> Manifest:
     (documents_ref,) = inputs
     quality = config.quality
-    with StageOutput(output, config, inputs) as out:
+    with StageOutput(output, config, inputs) as out, ThreadPoolExecutor(1, "quality-load") as loading:
+        # torch and the weights take seconds to load, and the Spark jobs before the encoder's use mostly wait.
+        encoder = loading.submit(load_encoder, quality.encoder.model, quality.encoder.max_seq_length)
         spark = spark_session(config, f"quality-{output.corpus}-{output.snapshot}")
         from pyspark.sql import functions as F
 
@@ -280,7 +308,7 @@ def run(config: PipelineConfig, inputs: list[DatasetRef], output: DatasetRef) ->
         )
         covered = coverage(docs)
         sampled = sample_documents(docs, config)
-        sample = collect_sample(sampled, quality.encoder)
+        sample = collect_sample(sampled, quality.encoder, encoder)
         log.info("quality: %d documents, sample of %d embedded", covered.documents, len(sample.ids))
 
         topics = subject_view(sample, quality)

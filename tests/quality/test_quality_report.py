@@ -19,6 +19,7 @@ from pipeline.quality.report import (
     cosine_statistics,
     coverage,
     host_concentration,
+    kmeans_labels,
     run,
     sample_documents,
 )
@@ -55,6 +56,21 @@ def test_cluster_entropy_separates_even_and_lopsided_topics():
     )
     assert cluster_entropy(even, 4, seed=0)["cluster_entropy"] == pytest.approx(1.0, abs=1e-6)
     assert cluster_entropy(lopsided, 4, seed=0)["cluster_entropy"] < 0.3
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(2, 6), st.integers(3, 30))
+def test_kmeans_recovers_well_separated_blobs_and_is_seeded(seed, k, per_blob):
+    """The blobs drawn are the reference partition: any labelling that splits one or merges two fails."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, 6)) * 1_000
+    points = np.concatenate([centre + rng.normal(size=(per_blob, 6)) for centre in centres])
+    labels = kmeans_labels(points, k, seed=seed % 7)
+    truth = np.repeat(np.arange(k), per_blob)
+    # One label per blob, and k labels in all: no blob split, none merged with another.
+    assert (
+        len({(int(a), int(b)) for a, b in zip(labels, truth, strict=True)}) == k == len(set(labels.tolist()))
+    )
+    assert np.array_equal(kmeans_labels(points, k, seed=seed % 7), labels)
 
 
 @pytest.mark.slow
